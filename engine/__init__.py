@@ -1,0 +1,1 @@
+"""Spark Structured Streaming jobs that keep every view fresh."""

@@ -1,0 +1,1 @@
+"""The ASGI app: a Strawberry GraphQL schema built from the catalog, on Starlette."""

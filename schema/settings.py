@@ -1,0 +1,98 @@
+"""One typed settings object, read from `VIEWGATE_*` environment variables.
+
+Every process (engine, gateway, CLI, tests) reads its configuration from here, so
+the names in README.md's configuration table and in compose.yaml are exactly the
+field names below, upper-cased, with the `VIEWGATE_` prefix.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VIEWGATE_", extra="ignore")
+
+    # Where the engine and gateway find the shared services.
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers (comma-separated host:port)."
+    )
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis connection URL.")
+
+    # Durable state.
+    data_dir: Path = Field(
+        Path(".viewgate"), description="Root for local data: Delta tables, checkpoints, logs."
+    )
+    delta_root: str | None = Field(
+        None,
+        description="Where Delta tables live (a path or an object-store URI). "
+        "Default: <data_dir>/delta.",
+    )
+    checkpoint_root: str | None = Field(
+        None,
+        description="Where Spark checkpoints live (a path or URI). "
+        "Default: <data_dir>/checkpoints.",
+    )
+
+    # Spark.
+    spark_master: str = Field("local[2]", description="Spark master URL.")
+    spark_jars: str | None = Field(
+        None,
+        description="Comma-separated jar paths for Spark (Kafka connector, Delta). "
+        "Default: the jars `viewgate setup` resolved into <cache_dir>/jars/spark.",
+    )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description='Extra Spark configuration as JSON, e.g. {"spark.executor.memory": "4g"}.',
+    )
+
+    # Artifacts.
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "viewgate",
+        description="Cache for jars resolved from Maven; reused across runs, outside git.",
+    )
+    maven_repository: str | None = Field(
+        None, description="A Maven repository URL to resolve jars from instead of Maven Central."
+    )
+
+    # Gateway.
+    gateway_host: str = Field("127.0.0.1", description="Address the gateway binds to.")
+    gateway_port: int = Field(8000, description="Port the gateway listens on.")
+
+    # The local development stack (`viewgate up`, `viewgate kafka|redis start`).
+    local_kafka_port: int = Field(9092, description="Port of the local Kafka broker.")
+    local_redis_port: int = Field(6379, description="Port of the local Redis server.")
+    startup_timeout_s: float = Field(
+        90.0, description="Deadline for a local service to become healthy."
+    )
+
+    @property
+    def delta_location(self) -> str:
+        return self.delta_root or str((self.data_dir / "delta").resolve())
+
+    @property
+    def checkpoint_location(self) -> str:
+        return self.checkpoint_root or str((self.data_dir / "checkpoints").resolve())
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def jar_dir(self) -> Path:
+        return self.cache_dir / "jars"
+
+    def spark_jar_paths(self) -> list[str]:
+        """The jars handed to Spark through `spark.jars` (local files, no network)."""
+        if self.spark_jars:
+            return [p.strip() for p in self.spark_jars.split(",") if p.strip()]
+        return sorted(str(p) for p in (self.jar_dir / "spark").glob("*.jar"))
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

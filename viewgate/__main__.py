@@ -1,0 +1,3 @@
+from viewgate.cli import app
+
+app()

@@ -1,0 +1,150 @@
+"""The `viewgate` command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from schema.settings import Settings, get_settings
+from viewgate.stack.errors import StackError
+
+app = typer.Typer(help="viewgate: GraphQL over streaming materialized views.", no_args_is_help=True)
+kafka_app = typer.Typer(help="A local single-node Kafka broker (KRaft).", no_args_is_help=True)
+redis_app = typer.Typer(help="A local Redis server.", no_args_is_help=True)
+app.add_typer(kafka_app, name="kafka")
+app.add_typer(redis_app, name="redis")
+console = Console()
+
+
+def _fail(error: Exception) -> None:
+    console.print(f"[red]error:[/red] {error}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def setup() -> None:
+    """Install what is missing: redis-server, and the Kafka/Spark/Delta jars from Maven."""
+    from viewgate.stack.install import setup as run_setup
+
+    try:
+        run_setup(get_settings(), say=console.print)
+    except StackError as error:
+        _fail(error)
+
+
+@app.command()
+def up() -> None:
+    """Run the whole local stack in the foreground; Ctrl-C or SIGTERM stops it all."""
+    from viewgate.stack.install import setup as run_setup
+    from viewgate.stack.local import run_local_stack
+
+    settings = get_settings()
+    try:
+        run_setup(settings, say=console.print)
+        raise typer.Exit(run_local_stack(settings, say=console.print))
+    except StackError as error:
+        _fail(error)
+
+
+@app.command()
+def gateway() -> None:
+    """Serve GraphQL (uvicorn) with the current settings."""
+    import uvicorn
+
+    from gateway.app import create_app
+
+    settings = get_settings()
+    uvicorn.run(create_app(settings), host=settings.gateway_host, port=settings.gateway_port)
+
+
+def _service_dir(settings: Settings, name: str, data_dir: Path | None) -> Path:
+    return (data_dir or settings.data_dir / name).resolve()
+
+
+DataDir = typer.Option(None, help="Data folder (default: <VIEWGATE_DATA_DIR>/<service>).")
+
+
+@kafka_app.command("start")
+def kafka_start(port: int = typer.Option(None), data_dir: Path = DataDir) -> None:
+    """Start the broker in the background; its storage is formatted on first start."""
+    from viewgate.stack.kafka import KafkaBroker
+
+    settings = get_settings()
+    broker = KafkaBroker(
+        _service_dir(settings, "kafka", data_dir),
+        port or settings.local_kafka_port,
+        settings.jar_dir / "kafka",
+    )
+    try:
+        broker.start(timeout_s=settings.startup_timeout_s, die_with_parent=False)
+    except StackError as error:
+        _fail(error)
+    console.print(
+        f"kafka running at {broker.bootstrap}, pid {broker.process.pid}, log {broker.log_path}"
+    )
+
+
+@redis_app.command("start")
+def redis_start(port: int = typer.Option(None), data_dir: Path = DataDir) -> None:
+    """Start Redis in the background."""
+    from viewgate.stack.redis_server import RedisServer
+
+    settings = get_settings()
+    server = RedisServer(
+        _service_dir(settings, "redis", data_dir), port or settings.local_redis_port
+    )
+    try:
+        server.start(timeout_s=settings.startup_timeout_s, die_with_parent=False)
+    except StackError as error:
+        _fail(error)
+    console.print(f"redis running at {server.url}, pid {server.process.pid}, log {server.log_path}")
+
+
+def _stop_from_pid_file(name: str, pid_path: Path) -> None:
+    from viewgate.stack.local import pid_file_process
+    from viewgate.stack.process import pid_alive, stop_pid
+
+    pid = pid_file_process(pid_path)
+    if pid is None or not pid_alive(pid):
+        console.print(f"{name} is not running (no live pid in {pid_path})")
+        pid_path.unlink(missing_ok=True)
+        return
+    stop_pid(pid, timeout_s=30)
+    pid_path.unlink(missing_ok=True)
+    console.print(f"{name} (pid {pid}) stopped")
+
+
+@kafka_app.command("stop")
+def kafka_stop(data_dir: Path = DataDir) -> None:
+    """Stop the broker started by `viewgate kafka start` (by its pid file)."""
+    _stop_from_pid_file("kafka", _service_dir(get_settings(), "kafka", data_dir) / "kafka.pid")
+
+
+@redis_app.command("stop")
+def redis_stop(data_dir: Path = DataDir) -> None:
+    """Stop the Redis started by `viewgate redis start` (by its pid file)."""
+    _stop_from_pid_file("redis", _service_dir(get_settings(), "redis", data_dir) / "redis.pid")
+
+
+@kafka_app.command("status")
+def kafka_status(port: int = typer.Option(None)) -> None:
+    """Health check: does a broker answer a metadata request? Exit code 1 if not."""
+    from viewgate.stack.kafka import broker_healthy
+
+    bootstrap = f"127.0.0.1:{port}" if port else get_settings().kafka_bootstrap
+    healthy = broker_healthy(bootstrap)
+    console.print(f"kafka {bootstrap}: {'healthy' if healthy else 'not reachable'}")
+    raise typer.Exit(0 if healthy else 1)
+
+
+@redis_app.command("status")
+def redis_status(port: int = typer.Option(None)) -> None:
+    """Health check: does Redis answer PING? Exit code 1 if not."""
+    from viewgate.stack.redis_server import redis_healthy
+
+    url = f"redis://127.0.0.1:{port}/0" if port else get_settings().redis_url
+    healthy = redis_healthy(url)
+    console.print(f"redis {url}: {'healthy' if healthy else 'not reachable'}")
+    raise typer.Exit(0 if healthy else 1)

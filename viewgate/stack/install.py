@@ -1,0 +1,71 @@
+"""`viewgate setup`: install what is missing so the local stack can run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from schema.settings import Settings
+from viewgate.stack import jars
+from viewgate.stack.errors import StackError
+from viewgate.stack.kafka import java_executable
+
+
+def java_major_version() -> int:
+    result = subprocess.run(
+        [java_executable(), "-version"], capture_output=True, text=True, timeout=30
+    )
+    text = result.stderr + result.stdout
+    for token in text.replace('"', " ").split():
+        head = token.split(".")[0]
+        if head.isdigit() and "." in token:
+            return int(head)
+    raise StackError(f"Could not read the Java version from: {text.strip()[:200]}")
+
+
+def ensure_java() -> None:
+    major = java_major_version()
+    if major < 17:
+        raise StackError(
+            f"Java {major} found; Spark 4 and Kafka 4 need Java 17 or newer. "
+            "Install openjdk-17-jre-headless and put it first on PATH."
+        )
+
+
+def ensure_redis_server(timeout_s: float = 900) -> None:
+    if shutil.which("redis-server"):
+        return
+    if os.geteuid() == 0:
+        prefix: list[str] = []
+    elif shutil.which("sudo"):
+        prefix = ["sudo", "-n"]
+    else:
+        raise StackError(
+            "redis-server is missing and we are not root: run `apt-get install redis-server`."
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "redis-server"]):
+        result = subprocess.run(
+            prefix + args, capture_output=True, text=True, timeout=timeout_s, env=env
+        )
+        if result.returncode != 0:
+            raise StackError(
+                f"`{' '.join(args)}` failed; install Debian's redis-server by hand.\n"
+                + result.stderr[-2000:]
+            )
+    if not shutil.which("redis-server"):
+        raise StackError("apt-get installed redis-server but it is not on PATH.")
+
+
+def setup(settings: Settings, say=print) -> None:
+    ensure_java()
+    say("java: ok")
+    ensure_redis_server()
+    say(f"redis-server: {shutil.which('redis-server')}")
+    for bundle in jars.BUNDLES:
+        if bundle == "spark" and settings.spark_jars:
+            say("spark jars: VIEWGATE_SPARK_JARS is set, nothing to resolve")
+            continue
+        folder = jars.resolve(settings.jar_dir, bundle, settings.maven_repository)
+        say(f"{bundle} jars: {folder} ({len(list(folder.glob('*.jar')))} jars)")
