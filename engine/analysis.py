@@ -1,0 +1,88 @@
+"""Check each view's SQL with Spark's analyzer, without data: the output columns must
+match the view's GraphQL type. Gives each view's output schema for its Delta table."""
+
+from __future__ import annotations
+
+import threading
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from schema.catalog import Catalog, View, ViewKind, compare_columns
+from schema.errors import CatalogError, Problem
+
+# Temp views are per session and named after sources and views; registering one and
+# analysing SQL against it must not interleave with another thread doing the same.
+SQL_LOCK = threading.RLock()
+
+
+def dependency_order(catalog: Catalog) -> list[View]:
+    ordered: list[View] = []
+    seen: set[str] = set()
+
+    def visit(view: View, path: tuple[str, ...]) -> None:
+        if view.name in seen:
+            return
+        if view.name in path:
+            raise CatalogError(
+                [
+                    Problem(
+                        view.name, None, f"dimension cycle {' -> '.join(path)}", "break the cycle"
+                    )
+                ]
+            )
+        for dim in view.dimensions:
+            visit(catalog.view(dim), (*path, view.name))
+        seen.add(view.name)
+        ordered.append(view)
+
+    for view in catalog.views.values():
+        visit(view, ())
+    return ordered
+
+
+def analyse(spark: SparkSession, catalog: Catalog) -> dict[str, StructType]:
+    """{view: output schema}, or CatalogError naming every view and field that is off."""
+    catalog.validate()
+    schemas: dict[str, StructType] = {}
+    problems: list[Problem] = []
+    for view in dependency_order(catalog):
+        source = catalog.source_of(view)
+        if view.kind is ViewKind.UPSERT and tuple(view.key) != (source.key,):
+            problems.append(
+                Problem(
+                    view.name,
+                    ",".join(view.key),
+                    f"an upsert view is keyed by its source's key ({source.key}), "
+                    "so that a tombstone deletes its row",
+                    f"set key=({source.key!r},)",
+                )
+            )
+            continue
+        with SQL_LOCK:
+            spark.createDataFrame([], source.schema).createOrReplaceTempView(source.name)
+            for dim in view.dimensions:
+                if dim in schemas:
+                    spark.createDataFrame([], schemas[dim]).createOrReplaceTempView(dim)
+            try:
+                schema = spark.sql(view.sql).schema
+            except Exception as exc:  # noqa: BLE001 - Spark's analysis errors vary
+                problems.append(
+                    Problem(
+                        view.name,
+                        None,
+                        f"Spark cannot analyse the SQL: {exc}".split("\n")[0],
+                        "fix the SQL; it runs over the source table "
+                        f"{source.name!r} and dimension views {list(view.dimensions)}",
+                    )
+                )
+                continue
+        actual = {f.name: f.dataType.simpleString() for f in schema.fields}
+        found = compare_columns(view, actual)
+        if found:
+            problems += found
+            continue
+        schemas[view.name] = schema
+    if problems:
+        raise CatalogError(problems)
+    return schemas

@@ -1,0 +1,91 @@
+"""Route bad records to the source's dead-letter topic with the reason, and count them
+for every view that reads the source. One query per source; it never stops."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+from confluent_kafka import Producer
+from pyspark.sql import DataFrame
+
+from schema.catalog import Catalog, Source, parse_ddl
+from schema.storage import deadletter_topic, meta_key
+
+_COUNT_ONCE_LUA = """
+-- KEYS[1] fence hash of the source; KEYS[2..] meta hashes of its views.
+local seen = redis.call('HGET', KEYS[1], 'batch')
+if seen and tonumber(seen) >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'batch', ARGV[1])
+for i = 2, #KEYS do redis.call('HINCRBY', KEYS[i], 'dead_letters', ARGV[2]) end
+return 1
+"""
+
+_JSON_TYPES = {
+    "string": (str, int, float, bool),
+    "double": (int, float),
+    "float": (int, float),
+    "bigint": (int,),
+    "int": (int,),
+    "boolean": (bool,),
+    "timestamp": (str, int),
+    "date": (str,),
+}
+
+
+def explain(source: Source, raw: bytes | None, spark_reason: str) -> str:
+    """A precise reason for a record Spark flagged, when we can tell one."""
+    if raw is None or spark_reason.startswith(("oversized", "tombstone")):
+        return spark_reason
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"malformed JSON: {exc}"
+    if not isinstance(value, dict):
+        return f"expected a JSON object, got {type(value).__name__}"
+    for column, spark_type in parse_ddl(source.schema).items():
+        if column not in value or value[column] is None:
+            continue
+        allowed = _JSON_TYPES.get(spark_type.split("(")[0])
+        if allowed and (
+            not isinstance(value[column], allowed)
+            or (bool not in allowed and isinstance(value[column], bool))
+        ):
+            return f"field {column}: expected {spark_type}, got {type(value[column]).__name__}"
+    return spark_reason
+
+
+class DeadLetterWriter:
+    def __init__(self, bootstrap: str, redis_url: str, catalog: Catalog, source: Source) -> None:
+        self.source = source
+        self.topic = deadletter_topic(source.name)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        self.redis = redis.Redis.from_url(redis_url)
+        self.count_once = self.redis.register_script(_COUNT_ONCE_LUA)
+        self.meta_keys = [meta_key(v.name) for v in catalog.views_reading(source.name)]
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        rows = batch.select(
+            "_kafka_key", "_raw", "_topic", "_partition", "_offset", "_error"
+        ).collect()
+        if not rows:
+            return
+        for row in rows:
+            reason = explain(self.source, row["_raw"], row["_error"])
+            self.producer.produce(
+                self.topic,
+                key=row["_kafka_key"].encode() if row["_kafka_key"] else None,
+                value=bytes(row["_raw"]) if row["_raw"] is not None else None,
+                headers={
+                    "reason": reason.encode(),
+                    "source.topic": row["_topic"].encode(),
+                    "source.partition": str(row["_partition"]).encode(),
+                    "source.offset": str(row["_offset"]).encode(),
+                },
+            )
+            self.producer.poll(0)
+        if self.producer.flush(60):
+            raise RuntimeError(f"dead-letter topic {self.topic}: records left undelivered")
+        self.count_once(
+            keys=[f"vg:dlq:{self.source.name}", *self.meta_keys], args=[batch_id, len(rows)]
+        )

@@ -1,0 +1,55 @@
+"""Publish one change event per changed row to the view's change-feed topic.
+
+At least once: a replayed batch publishes again with the same version, and consumers
+drop (view, key, version) they have seen. Published only after Redis holds the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaException, Producer
+
+from schema.storage import ChangeEvent, changefeed_topic
+
+
+class ChangeFeed:
+    def __init__(self, bootstrap: str, view: str) -> None:
+        self.topic = changefeed_topic(view)
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+            }
+        )
+
+    def publish(self, events: Iterable[ChangeEvent], timeout_s: float = 60) -> int:
+        errors: list[str] = []
+
+        def delivered(err, _msg) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        count = 0
+        for event in events:
+            while True:
+                try:
+                    self.producer.produce(
+                        self.topic,
+                        key=event.key.encode(),
+                        value=event.to_bytes(),
+                        on_delivery=delivered,
+                    )
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)  # local queue full: let deliveries drain
+            count += 1
+        remaining = self.producer.flush(timeout_s)
+        if remaining or errors:
+            # Failing the batch makes Spark retry it; a replay republishes.
+            raise KafkaException(
+                f"change feed {self.topic}: {remaining} undelivered, errors: {errors[:3]}"
+            )
+        return count

@@ -1,0 +1,126 @@
+"""One Structured Streaming query per view, by kind.
+
+UPSERT views are stateless: each batch keeps the last record per key (by offset),
+deletes tombstoned keys, and runs the view's SQL over the rest as a batch query (so a
+stream-static join reads the dimension's latest Delta snapshot). AGGREGATE and WINDOW
+views run their SQL on the stream itself, with state in RocksDB, in update mode.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
+
+from engine.analysis import SQL_LOCK
+from engine.commit import ViewCommitter
+from engine.deadletter import DeadLetterWriter
+from engine.sources import bad_records, classify, read_kafka, source_columns, valid_records
+from schema.catalog import Catalog, Source, View, ViewKind
+from schema.settings import Settings
+from schema.storage import delta_table_path, read_current_generation
+
+
+def query_name(view: View, generation: int) -> str:
+    return f"view:{view.name}:g{generation}"
+
+
+def checkpoint_path(settings: Settings, view: View, generation: int) -> str:
+    return f"{settings.checkpoint_location}/{view.name}/g{generation}"
+
+
+def _register_dimensions(session: SparkSession, settings: Settings, view: View) -> None:
+    for dim in view.dimensions:
+        generation = read_current_generation(settings.delta_location, dim)
+        path = delta_table_path(settings.delta_location, dim, generation)
+        session.read.format("delta").load(path).createOrReplaceTempView(dim)
+
+
+def _rows(frame: DataFrame) -> list[dict]:
+    return [row.asDict(recursive=True) for row in frame.collect()]
+
+
+def start_view_query(
+    spark: SparkSession,
+    settings: Settings,
+    catalog: Catalog,
+    view: View,
+    schema: StructType,
+    generation: int,
+    *,
+    available_now: bool = False,
+) -> StreamingQuery:
+    source = catalog.source_of(view)
+    classified = classify(read_kafka(spark, settings, source.topic), source)
+    # Only upsert views delete, by the source key a tombstone carries.
+    delete_on = (source.key,) if view.kind is ViewKind.UPSERT else view.key
+    committer = ViewCommitter(spark.newSession(), settings, view, schema, generation, delete_on)
+    if view.kind is ViewKind.UPSERT:
+        writer = valid_records(classified).writeStream.foreachBatch(
+            _upsert_batch(settings, view, source, committer)
+        )
+    else:
+        events = (
+            valid_records(classified).filter(~F.col("_tombstone")).select(*source_columns(source))
+        )
+        if source.event_time and source.watermark:
+            events = events.withWatermark(source.event_time, source.watermark)
+        with SQL_LOCK:
+            events.createOrReplaceTempView(source.name)
+            _register_dimensions(spark, settings, view)
+            output = spark.sql(view.sql)
+        writer = output.writeStream.outputMode("update").foreachBatch(
+            lambda batch, batch_id: committer.commit(batch_id, _rows(batch))
+        )
+    writer = writer.queryName(query_name(view, generation)).option(
+        "checkpointLocation", checkpoint_path(settings, view, generation)
+    )
+    trigger = {"availableNow": True} if available_now else {"processingTime": view.trigger}
+    return writer.trigger(**trigger).start()
+
+
+def _upsert_batch(settings: Settings, view: View, source: Source, committer: ViewCommitter):
+    columns = source_columns(source)
+
+    def commit(batch: DataFrame, batch_id: int) -> None:
+        last = Window.partitionBy("_kafka_key").orderBy(F.col("_offset").desc())
+        latest = batch.withColumn("_rank", F.row_number().over(last)).filter("_rank = 1").persist()
+        try:
+            deleted = [
+                {source.key: r["_kafka_key"]}
+                for r in latest.filter("_tombstone").select("_kafka_key").collect()
+            ]
+            session = batch.sparkSession
+            with SQL_LOCK:
+                latest.filter(~F.col("_tombstone")).select(*columns).createOrReplaceTempView(
+                    source.name
+                )
+                _register_dimensions(session, settings, view)
+                output = session.sql(view.sql)
+            committer.commit(batch_id, _rows(output), deleted)
+        finally:
+            latest.unpersist()
+
+    return commit
+
+
+def start_deadletter_query(
+    spark: SparkSession,
+    settings: Settings,
+    catalog: Catalog,
+    source: Source,
+    *,
+    available_now: bool = False,
+) -> StreamingQuery:
+    classified = classify(read_kafka(spark, settings, source.topic), source)
+    writer = DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, source)
+    trigger = {"availableNow": True} if available_now else {"processingTime": "1 second"}
+    return (
+        bad_records(classified)
+        .writeStream.foreachBatch(writer)
+        .queryName(f"deadletters:{source.name}")
+        .option("checkpointLocation", f"{settings.checkpoint_location}/_deadletters/{source.name}")
+        .trigger(**trigger)
+        .start()
+    )

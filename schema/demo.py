@@ -1,0 +1,158 @@
+"""The demo domain: an online shop with customers, orders and two aggregates over orders."""
+
+from __future__ import annotations
+
+import datetime
+
+import strawberry
+
+from schema.catalog import Catalog, Relationship, Source, View, ViewKind
+
+ORDERS = Source(
+    name="orders",
+    topic="orders",
+    schema="order_id STRING, customer_id STRING, product_id STRING, amount DOUBLE, "
+    "status STRING, ts TIMESTAMP",
+    key="order_id",
+    event_time="ts",
+    watermark="30 seconds",
+)
+
+# A compacted topic: the latest value per customer_id is the customer.
+CUSTOMERS = Source(
+    name="customers",
+    topic="customers",
+    schema="customer_id STRING, name STRING, tier STRING, country STRING",
+    key="customer_id",
+)
+
+
+@strawberry.type(description="A customer of the shop, as last updated.")
+class Customer:
+    customer_id: str
+    name: str
+    tier: str
+    country: str
+
+
+@strawberry.type(description="An order with its current status and the customer's tier.")
+class Order:
+    order_id: str
+    customer_id: str
+    product_id: str
+    amount: float
+    status: str
+    ts: datetime.datetime
+    # Null until the customer is known to the Customer view (LEFT JOIN).
+    customer_tier: str | None
+    customer_country: str | None
+
+
+@strawberry.type(description="Order totals per customer, counted when an order is placed.")
+class CustomerStats:
+    customer_id: str
+    order_count: int
+    total_spent: float
+    avg_order: float
+    max_order: float
+    min_order: float
+    last_order_at: datetime.datetime
+
+
+@strawberry.type(description="Orders placed per product per one-minute window of event time.")
+class ProductSales:
+    product_id: str
+    window_start: datetime.datetime
+    window_end: datetime.datetime
+    order_count: int
+    revenue: float
+
+
+CUSTOMER = View(
+    name="Customer",
+    source="customers",
+    sql="SELECT customer_id, name, tier, country FROM customers",
+    key=("customer_id",),
+    graphql_type=Customer,
+    kind=ViewKind.UPSERT,
+    indexes=("tier", "country"),
+    relationships=(
+        Relationship("stats", "CustomerStats", (("customer_id", "customer_id"),)),
+        Relationship("orders", "Order", (("customer_id", "customer_id"),), many=True),
+    ),
+)
+
+# Stream-static join: each order event picks up the customer's tier as it is when the
+# event is processed; a later tier change does not rewrite old orders.
+ORDER = View(
+    name="Order",
+    source="orders",
+    sql="""
+        SELECT o.order_id, o.customer_id, o.product_id, o.amount, o.status, o.ts,
+               c.tier AS customer_tier, c.country AS customer_country
+        FROM orders o
+        LEFT JOIN Customer c ON o.customer_id = c.customer_id
+    """,
+    key=("order_id",),
+    graphql_type=Order,
+    kind=ViewKind.UPSERT,
+    indexes=("customer_id", "status", "amount", "ts"),
+    relationships=(Relationship("customer", "Customer", (("customer_id", "customer_id"),)),),
+    dimensions=("Customer",),
+)
+
+# Status updates re-emit the whole order, so only "placed" events are counted: each order
+# once. A streaming aggregate cannot retract, so cancellations do not reduce the totals.
+CUSTOMER_STATS = View(
+    name="CustomerStats",
+    source="orders",
+    sql="""
+        SELECT customer_id,
+               count(*) AS order_count,
+               CAST(sum(amount) AS DOUBLE) AS total_spent,
+               CAST(avg(amount) AS DOUBLE) AS avg_order,
+               CAST(max(amount) AS DOUBLE) AS max_order,
+               CAST(min(amount) AS DOUBLE) AS min_order,
+               max(ts) AS last_order_at
+        FROM orders
+        WHERE status = 'placed'
+        GROUP BY customer_id
+    """,
+    key=("customer_id",),
+    graphql_type=CustomerStats,
+    kind=ViewKind.AGGREGATE,
+    indexes=("total_spent", "order_count"),
+    relationships=(Relationship("customer", "Customer", (("customer_id", "customer_id"),)),),
+)
+
+# One-minute tumbling windows; events later than the 30 s watermark are dropped (and
+# counted as late by the engine).
+PRODUCT_SALES = View(
+    name="ProductSales",
+    source="orders",
+    sql="""
+        SELECT product_id,
+               w.start AS window_start,
+               w.end AS window_end,
+               order_count,
+               revenue
+        FROM (
+            SELECT product_id,
+                   window(ts, '1 minute') AS w,
+                   count(*) AS order_count,
+                   CAST(sum(amount) AS DOUBLE) AS revenue
+            FROM orders
+            WHERE status = 'placed'
+            GROUP BY product_id, window(ts, '1 minute')
+        )
+    """,
+    key=("product_id", "window_start"),
+    graphql_type=ProductSales,
+    kind=ViewKind.WINDOW,
+    indexes=("product_id", "window_start"),
+)
+
+CATALOG: Catalog = Catalog.of(
+    sources=[ORDERS, CUSTOMERS],
+    views=[CUSTOMER, ORDER, CUSTOMER_STATS, PRODUCT_SALES],
+)

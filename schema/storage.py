@@ -1,0 +1,455 @@
+"""The storage contract: how the engine writes a view and the gateway reads it.
+
+Key encoding, Delta paths, Redis key layout and values, index entries, the change-event
+format and the fenced Redis apply script all live here, once, so both sides agree.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from strawberry import ID
+
+from schema.catalog import View, graphql_fields
+
+# --- JSON values ------------------------------------------------------------------------
+
+_UTC = datetime.UTC
+
+
+def _iso_utc(value: datetime.datetime) -> str:
+    """ISO-8601 in UTC with a 'Z'. Naive datetimes are taken as UTC (Spark runs in UTC)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(_UTC).replace(tzinfo=None)
+    return value.isoformat() + "Z"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return _iso_utc(value)
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def _dumps(value: Any) -> bytes:
+    # Passthrough so our default decides the datetime format, not orjson's.
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_PASSTHROUGH_DATETIME)
+
+
+def from_json_value(python_type: Any, value: Any) -> Any:
+    """A JSON value (as encode_row wrote it) back to the field's Python type."""
+    if value is None:
+        return None
+    if python_type is datetime.datetime:
+        parsed = datetime.datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=_UTC)
+    if python_type is datetime.date:
+        return datetime.date.fromisoformat(value)
+    if python_type is decimal.Decimal:
+        return decimal.Decimal(str(value))
+    if python_type is float:
+        return float(value)
+    if python_type is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"not an integer: {value!r}")
+        return int(value)
+    if python_type is bool:
+        if isinstance(value, str):
+            if value not in ("true", "false"):
+                raise ValueError(f"not a boolean: {value!r}")
+            return value == "true"
+        return bool(value)
+    return str(value)
+
+
+def encode_row(row: Mapping[str, Any]) -> bytes:
+    """A row as compact JSON: datetimes ISO-8601 UTC 'Z', dates ISO, Decimals as floats."""
+    return _dumps(dict(row))
+
+
+def decode_row(data: bytes | str, view: View | None = None) -> dict[str, Any]:
+    """The JSON row back; with a view, values are converted to the fields' Python types."""
+    row = orjson.loads(data)
+    if view is None:
+        return row
+    fields = graphql_fields(view)
+    return {k: from_json_value(fields[k].python_type, v) if k in fields else v
+            for k, v in row.items()}
+
+
+# --- Keys -------------------------------------------------------------------------------
+
+
+def _key_part(value: Any) -> Any:
+    if value is None:
+        raise ValueError("a key column is null")
+    return _json_default(value) if isinstance(
+        value, datetime.date | decimal.Decimal) else value
+
+
+def key_of(row: Mapping[str, Any], key_cols: Sequence[str]) -> str:
+    """A stable, unambiguous text key.
+
+    One column: its string form ("42", "2024-01-01T00:00:00Z"). Several: a compact JSON
+    array, so a value containing a separator can never be mistaken for two values.
+    """
+    parts = [_key_part(row[c]) for c in key_cols]
+    if len(parts) == 1:
+        part = parts[0]
+        return part if isinstance(part, str) else orjson.dumps(part).decode()
+    return orjson.dumps(parts).decode()
+
+
+def parse_key(view: View, text: str) -> tuple[Any, ...]:
+    """The key columns' values (typed) from key_of's text. Raises ValueError if malformed."""
+    fields = graphql_fields(view)
+    types = [fields[c].python_type for c in view.key]
+    try:
+        if len(types) > 1:
+            raw = orjson.loads(text)
+            if not isinstance(raw, list) or len(raw) != len(types):
+                raise ValueError(f"needs a JSON array of {len(types)} values "
+                                 f"[{', '.join(view.key)}]")
+        elif types[0] in (int, float, bool):
+            raw = [orjson.loads(text)]  # single non-string keys are their JSON text
+        else:
+            raw = [text]
+        return tuple(from_json_value(t, v) for t, v in zip(types, raw, strict=True))
+    except (TypeError, ValueError, decimal.InvalidOperation) as exc:
+        raise ValueError(f"key {text!r} does not fit view {view.name}: {exc}") from exc
+
+
+def key_from_values(view: View, values: Sequence[Any]) -> str:
+    """key_of for key values given in key order (e.g. from parse_key or GraphQL args)."""
+    return key_of(dict(zip(view.key, values, strict=True)), view.key)
+
+
+# --- Delta layout -----------------------------------------------------------------------
+
+
+def delta_table_path(delta_root: str, view: str, generation: int) -> str:
+    return f"{delta_root.rstrip('/')}/{view}/g{generation}"
+
+
+def current_generation_path(delta_root: str, view: str) -> str:
+    return f"{delta_root.rstrip('/')}/{view}/_current"
+
+
+def meta_table_path(delta_root: str) -> str:
+    return f"{delta_root.rstrip('/')}/_viewgate_meta"
+
+
+def _local(path: str) -> Path:
+    if path.startswith("file://"):
+        return Path(path[len("file://"):])
+    if "://" in path:
+        raise ValueError(f"{path} is not a local path; only local Delta roots are supported here")
+    return Path(path)
+
+
+def read_current_generation(delta_root: str, view: str) -> int:
+    """The generation the view serves (0 if never written)."""
+    path = _local(current_generation_path(delta_root, view))
+    try:
+        return int(path.read_text().strip())
+    except FileNotFoundError:
+        return 0
+
+
+def write_current_generation(delta_root: str, view: str, generation: int) -> None:
+    """Write-temp-then-rename, so a reader sees the old or the new number, never half."""
+    path = _local(current_generation_path(delta_root, view))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="._current.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{int(generation)}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- Redis layout -----------------------------------------------------------------------
+
+REDIS_PREFIX = "vg:"
+
+
+def row_key(view: str, generation: int, key: str) -> str:
+    return f"{REDIS_PREFIX}{view}:g{generation}:row:{key}"
+
+
+def meta_key(view: str) -> str:
+    return f"{REDIS_PREFIX}{view}:meta"
+
+
+def index_key(view: str, generation: int, field_name: str) -> str:
+    return f"{REDIS_PREFIX}{view}:g{generation}:idx:{field_name}"
+
+
+def generation_pattern(view: str, generation: int) -> str:
+    """SCAN pattern for every key of one generation (to drop an old one)."""
+    return f"{REDIS_PREFIX}{view}:g{generation}:*"
+
+
+INDEX_SEPARATOR = "\x00"
+
+
+def epoch_ms(value: datetime.datetime | datetime.date) -> int:
+    if not isinstance(value, datetime.datetime):
+        value = datetime.datetime(value.year, value.month, value.day)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=_UTC)
+    return round(value.timestamp() * 1000)
+
+
+_NUMBER_TYPES: tuple[Any, ...] = (int, float, bool, decimal.Decimal)
+_TIME_TYPES: tuple[Any, ...] = (datetime.datetime, datetime.date)
+# Spark simpleString type -> the Python type that indexes the same way.
+_SPARK_INDEX_TYPES: dict[str, Any] = {
+    "string": str, "bigint": int, "int": int, "smallint": int, "tinyint": int,
+    "double": float, "float": float, "boolean": bool, "decimal": decimal.Decimal,
+    "timestamp": datetime.datetime, "date": datetime.date,
+}
+
+
+def _python_type(field_type: Any) -> Any:
+    if isinstance(field_type, str):
+        base = field_type.strip().lower().split("(", 1)[0]
+        if base not in _SPARK_INDEX_TYPES:
+            raise ValueError(f"fields of Spark type {field_type} cannot be indexed")
+        return _SPARK_INDEX_TYPES[base]
+    if field_type in _NUMBER_TYPES or field_type in _TIME_TYPES:
+        return field_type
+    if field_type is ID or (isinstance(field_type, type) and issubclass(field_type, str)):
+        return str
+    raise ValueError(f"fields of type {field_type!r} cannot be indexed")
+
+
+def index_score(field_type: Any, value: Any) -> float:
+    """Sorted-set score of a numeric, boolean, date or timestamp value."""
+    ptype = _python_type(field_type)
+    if ptype in _TIME_TYPES:
+        if isinstance(value, str):
+            value = from_json_value(ptype, value)
+        return float(epoch_ms(value))
+    return float(value)
+
+
+def index_entry(field_type: Any, value: Any, key: str) -> tuple[float, str] | None:
+    """(score, member) for one row in the index of one field; None: not indexed.
+
+    field_type is the field's Python type (FieldInfo.python_type) or a Spark type name.
+    Strings: score 0, member "value\\0key" so ZRANGEBYLEX serves eq / prefix / range.
+    Everything else: score = the number (timestamps as epoch ms), member = key.
+    Nulls and non-finite numbers are left out of the index (Redis cannot score them).
+    """
+    if value is None:
+        return None
+    if _python_type(field_type) is str:
+        text = str(value)
+        if INDEX_SEPARATOR in text:
+            raise ValueError("an indexed string contains NUL, which separates value and key")
+        return 0.0, f"{text}{INDEX_SEPARATOR}{key}"
+    score = index_score(field_type, value)
+    if not math.isfinite(score):
+        return None
+    return score, key
+
+
+def split_index_member(member: str) -> tuple[str, str]:
+    """(value, key) of a string-index member."""
+    value, _, key = member.partition(INDEX_SEPARATOR)
+    return value, key
+
+
+# Meta hash fields.
+META_GENERATION = "generation"
+META_VERSION = "version"
+META_OFFSETS = "offsets"
+META_WATERMARK = "watermark"
+META_COMMITTED_AT_MS = "committed_at_ms"
+META_LATE_EVENTS = "late_events"
+META_DEAD_LETTERS = "dead_letters"
+
+
+@dataclass
+class ViewMeta:
+    """What `vg:{view}:meta` says about the view the gateway serves."""
+
+    generation: int = 0
+    version: int = -1  # last committed batch id; -1: nothing committed yet
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)  # topic->partition->next
+    watermark: str = ""  # ISO-8601 or ""
+    committed_at_ms: int = 0
+    late_events: int = 0
+    dead_letters: int = 0
+
+    def to_fields(self) -> dict[str, str]:
+        """Every value a string: the Lua script stores them as given."""
+        return {
+            META_GENERATION: str(self.generation),
+            META_VERSION: str(self.version),
+            META_OFFSETS: orjson.dumps(self.offsets).decode(),
+            META_WATERMARK: self.watermark,
+            META_COMMITTED_AT_MS: str(self.committed_at_ms),
+            META_LATE_EVENTS: str(self.late_events),
+            META_DEAD_LETTERS: str(self.dead_letters),
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[Any, Any]) -> ViewMeta:
+        """From HGETALL's answer (bytes or str); absent fields keep their defaults."""
+        f = {_text(k): _text(v) for k, v in fields.items()}
+        return cls(
+            generation=int(f.get(META_GENERATION) or 0),
+            version=int(f.get(META_VERSION) or -1),
+            offsets=orjson.loads(f[META_OFFSETS]) if f.get(META_OFFSETS) else {},
+            watermark=f.get(META_WATERMARK, ""),
+            committed_at_ms=int(f.get(META_COMMITTED_AT_MS) or 0),
+            late_events=int(f.get(META_LATE_EVENTS) or 0),
+            dead_letters=int(f.get(META_DEAD_LETTERS) or 0),
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# The engine's atomic, fenced apply of one batch. Redis runs a script atomically, but does
+# not roll back on an error, so every op is checked before the first write.
+APPLY_BATCH_LUA = r"""
+-- KEYS[1] meta hash; ARGV[1] batch id; ARGV[2] generation;
+-- ARGV[3] JSON object of meta fields (string values); ARGV[4] JSON list of ops.
+local meta = KEYS[1]
+local batch = tonumber(ARGV[1])
+local gen = ARGV[2]
+-- The fence is per generation, so a rebuild into a new generation has its own batch ids.
+local fence = 'version:g' .. gen
+local seen = redis.call('HGET', meta, fence)
+if seen and tonumber(seen) >= batch then
+  return 0  -- a replayed or stale batch: change nothing
+end
+local ops = cjson.decode(ARGV[4])
+for i, op in ipairs(ops) do
+  local known = (op.op == 'set' and type(op.v) == 'string') or op.op == 'del'
+    or (op.op == 'zadd' and type(op.s) == 'number' and type(op.m) == 'string')
+    or (op.op == 'zrem' and type(op.m) == 'string')
+  if not known or type(op.k) ~= 'string' then
+    return redis.error_reply('viewgate: bad op #' .. i)
+  end
+end
+for _, op in ipairs(ops) do
+  if op.op == 'set' then
+    redis.call('SET', op.k, op.v)
+  elseif op.op == 'del' then
+    redis.call('DEL', op.k)
+  elseif op.op == 'zadd' then
+    redis.call('ZADD', op.k, op.s, op.m)
+  else
+    redis.call('ZREM', op.k, op.m)
+  end
+end
+redis.call('HSET', meta, fence, ARGV[1])
+-- Meta describes the generation being served: a batch of another generation (a rebuild
+-- still catching up) records only its fence.
+local live = redis.call('HGET', meta, 'generation')
+if (not live) or live == gen then
+  for name, value in pairs(cjson.decode(ARGV[3])) do
+    redis.call('HSET', meta, name, tostring(value))
+  end
+  redis.call('HSET', meta, 'generation', gen, 'version', ARGV[1])
+end
+return 1
+"""
+
+Op = dict[str, Any]
+
+
+def op_set(key: str, value: bytes | str) -> Op:
+    return {"op": "set", "k": key, "v": value.decode() if isinstance(value, bytes) else value}
+
+
+def op_del(key: str) -> Op:
+    return {"op": "del", "k": key}
+
+
+def op_zadd(key: str, score: float, member: str) -> Op:
+    return {"op": "zadd", "k": key, "s": score, "m": member}
+
+
+def op_zrem(key: str, member: str) -> Op:
+    return {"op": "zrem", "k": key, "m": member}
+
+
+def apply_batch_args(batch_id: int, generation: int, meta: Mapping[str, Any],
+                     ops: Iterable[Op]) -> list[str]:
+    """ARGV for APPLY_BATCH_LUA (KEYS is [meta_key(view)]). Meta values become strings."""
+    meta_text = {k: v if isinstance(v, str) else orjson.dumps(v).decode()
+                 for k, v in meta.items()}
+    return [str(int(batch_id)), str(int(generation)), orjson.dumps(meta_text).decode(),
+            orjson.dumps(list(ops)).decode()]
+
+
+# --- Change feed ------------------------------------------------------------------------
+
+CHANGE_EVENT_FORMAT = 1
+
+
+def changefeed_topic(view: str) -> str:
+    return f"viewgate.changes.{view}"
+
+
+def deadletter_topic(source_name: str) -> str:
+    return f"viewgate.deadletter.{source_name}"
+
+
+@dataclass(frozen=True)
+class ChangeEvent:
+    """One committed change of one row; (view, key, version) lets consumers drop repeats."""
+
+    view: str
+    key: str
+    op: Literal["upsert", "delete"]
+    row: dict[str, Any] | None
+    version: int  # batch id
+    generation: int
+    committed_at_ms: int
+
+    def to_bytes(self) -> bytes:
+        return _dumps({
+            "format": CHANGE_EVENT_FORMAT,
+            "view": self.view,
+            "key": self.key,
+            "op": self.op,
+            "row": self.row,
+            "version": self.version,
+            "generation": self.generation,
+            "committed_at_ms": self.committed_at_ms,
+        })
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str) -> ChangeEvent:
+        d = orjson.loads(data)
+        if d.get("format") != CHANGE_EVENT_FORMAT:
+            raise ValueError(f"change event format {d.get('format')!r} is not "
+                             f"{CHANGE_EVENT_FORMAT}; upgrade the reader")
+        if d["op"] not in ("upsert", "delete"):
+            raise ValueError(f"unknown change op {d['op']!r}")
+        return cls(view=d["view"], key=d["key"], op=d["op"], row=d["row"],
+                   version=int(d["version"]), generation=int(d["generation"]),
+                   committed_at_ms=int(d["committed_at_ms"]))
