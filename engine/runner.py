@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 from engine.analysis import analyse
 from engine.progress import ProgressRecorder
 from engine.sinks.delta_sink import ensure_table
+from engine.topics import ensure_topics
 from engine.views import start_deadletter_query, start_view_query
 from schema.catalog import Catalog
 from schema.settings import Settings
@@ -31,6 +32,7 @@ log = logging.getLogger("viewgate.engine")
 def prepare(spark: SparkSession, settings: Settings, catalog: Catalog) -> dict[str, StructType]:
     """Analyse every view and make sure its current Delta table and meta exist."""
     schemas = analyse(spark, catalog)
+    ensure_topics(settings.kafka_bootstrap, catalog)
     client = redis.Redis.from_url(settings.redis_url)
     try:
         for name, schema in schemas.items():

@@ -64,7 +64,8 @@ def start_view_query(
         events = (
             valid_records(classified).filter(~F.col("_tombstone")).select(*source_columns(source))
         )
-        if source.event_time and source.watermark:
+        # The watermark bounds window state; a plain GROUP BY keeps every group anyway.
+        if view.kind is ViewKind.WINDOW and source.event_time and source.watermark:
             events = events.withWatermark(source.event_time, source.watermark)
         with SQL_LOCK:
             events.createOrReplaceTempView(source.name)

@@ -12,20 +12,28 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from strawberry.asgi import GraphQL
 
-from gateway.system import SystemStatus, system_resolver
+from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
+from schema.catalog import Catalog
+from schema.loader import load_catalog
 from schema.settings import Settings, get_settings
 
 
-def build_schema(settings: Settings, redis_client: aioredis.Redis) -> strawberry.Schema:
+def build_schema(
+    settings: Settings, redis_client: aioredis.Redis, catalog: Catalog
+) -> strawberry.Schema:
     query = strawberry.type(
         type(
             "Query",
             (),
             {
-                "__annotations__": {"system": SystemStatus},
+                "__annotations__": {"system": SystemStatus, "views": list[ViewStatus]},
                 "system": strawberry.field(
                     resolver=system_resolver(settings, redis_client),
                     description="Live status of the services the gateway depends on.",
+                ),
+                "views": strawberry.field(
+                    resolver=views_resolver(catalog, redis_client),
+                    description="Each view's last commit as the engine recorded it.",
                 ),
             },
         )
@@ -33,10 +41,11 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis) -> strawberry
     return strawberry.Schema(query=query)
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> Starlette:
     settings = settings or get_settings()
+    catalog = catalog or load_catalog(settings.catalog)
     redis_client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2)
-    schema = build_schema(settings, redis_client)
+    schema = build_schema(settings, redis_client, catalog)
 
     async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")

@@ -1,6 +1,5 @@
-"""The `system` query: what the gateway can see of the services it depends on.
-
-Every value here is read live from Kafka and Redis at query time.
+"""The `system` and `views` queries: what the gateway can see of the services it depends
+on and of each view's last commit. Every value is read live at query time.
 """
 
 from __future__ import annotations
@@ -9,9 +8,12 @@ import asyncio
 
 import redis.asyncio as aioredis
 import strawberry
+import strawberry.scalars
 from confluent_kafka.admin import AdminClient
 
+from schema.catalog import Catalog
 from schema.settings import Settings
+from schema.storage import ViewMeta, meta_key
 
 
 @strawberry.type
@@ -67,3 +69,46 @@ def system_resolver(settings: Settings, redis_client: aioredis.Redis):
         )
 
     return system
+
+
+@strawberry.type
+class ViewStatus:
+    """What the engine last recorded for a view (its Redis meta), read live."""
+
+    name: str
+    committed: bool
+    version: int | None
+    generation: int
+    committed_at_ms: int | None
+    watermark: str | None
+    late_events: int
+    dead_letters: int
+    kafka_offsets: strawberry.scalars.JSON
+
+
+def views_resolver(catalog: Catalog, redis_client: aioredis.Redis):
+    async def views() -> list[ViewStatus]:
+        async with redis_client.pipeline(transaction=False) as pipe:
+            for name in catalog.views:
+                pipe.hgetall(meta_key(name))
+            metas = await pipe.execute()
+        result = []
+        for name, fields in zip(catalog.views, metas, strict=True):
+            meta = ViewMeta.from_fields(fields)
+            committed = meta.version >= 0
+            result.append(
+                ViewStatus(
+                    name=name,
+                    committed=committed,
+                    version=meta.version if committed else None,
+                    generation=meta.generation,
+                    committed_at_ms=meta.committed_at_ms or None,
+                    watermark=meta.watermark or None,
+                    late_events=meta.late_events,
+                    dead_letters=meta.dead_letters,
+                    kafka_offsets=meta.offsets,
+                )
+            )
+        return result
+
+    return views

@@ -17,6 +17,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VIEWGATE_", extra="ignore")
 
+    catalog: str | None = Field(
+        None, description="The view catalog as module:attribute. Default: schema.demo:CATALOG."
+    )
+
     # Where the engine and gateway find the shared services.
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers (comma-separated host:port)."
@@ -66,6 +70,9 @@ class Settings(BaseSettings):
     # The local development stack (`viewgate up`, `viewgate kafka|redis start`).
     local_kafka_port: int = Field(9092, description="Port of the local Kafka broker.")
     local_redis_port: int = Field(6379, description="Port of the local Redis server.")
+    demo_rate: float = Field(
+        20.0, description="Demo events per second that `viewgate up` produces."
+    )
     startup_timeout_s: float = Field(
         90.0, description="Deadline for a local service to become healthy."
     )

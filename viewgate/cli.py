@@ -59,6 +59,70 @@ def gateway() -> None:
     uvicorn.run(create_app(settings), host=settings.gateway_host, port=settings.gateway_port)
 
 
+CatalogOption = typer.Option(
+    None, "--catalog", help="The catalog as module:attribute (default: schema.demo:CATALOG)."
+)
+
+
+@app.command()
+def validate(
+    catalog: str = CatalogOption,
+    spark: bool = typer.Option(
+        True, help="Also analyse each view's SQL with Spark against its GraphQL type."
+    ),
+) -> None:
+    """Check every view declaration; exit 1 naming each view, field and fix."""
+    from schema.errors import CatalogError
+    from schema.loader import load_catalog
+
+    try:
+        loaded = load_catalog(catalog or get_settings().catalog)
+        if spark:
+            from engine.analysis import analyse
+            from engine.spark import build_spark
+
+            session = build_spark(get_settings(), app_name="viewgate-validate")
+            try:
+                analyse(session, loaded)
+            finally:
+                session.stop()
+    except CatalogError as error:
+        console.print(f"[red]invalid catalog[/red]\n{error}")
+        raise typer.Exit(1) from None
+    console.print(f"ok: {len(loaded.views)} views ({', '.join(loaded.views)})")
+
+
+@app.command()
+def engine(catalog: str = CatalogOption) -> None:
+    """Run the Spark engine: one streaming query per view, until SIGTERM or Ctrl-C."""
+    from engine.main import run_engine
+    from schema.errors import CatalogError
+    from schema.loader import load_catalog
+
+    try:
+        settings = get_settings()
+        run_engine(settings, load_catalog(catalog or settings.catalog), say=console.print)
+    except CatalogError as error:
+        console.print(f"[red]invalid catalog[/red]\n{error}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def produce(
+    rate: float = typer.Option(50.0, help="Events per second."),
+    seed: int = typer.Option(0, help="Seed of the deterministic event sequence."),
+    count: int = typer.Option(None, help="Stop after this many events."),
+    duration: float = typer.Option(None, help="Stop after this many seconds."),
+) -> None:
+    """Write realistic demo shop events (orders, customers, updates, deletes, late events)."""
+    from viewgate.demo_events import produce as produce_events
+
+    sent = produce_events(
+        get_settings().kafka_bootstrap, rate=rate, seed=seed, count=count, duration=duration
+    )
+    console.print(f"produced {sent} events")
+
+
 def _service_dir(settings: Settings, name: str, data_dir: Path | None) -> Path:
     return (data_dir or settings.data_dir / name).resolve()
 

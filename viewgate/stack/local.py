@@ -48,6 +48,20 @@ def run_local_stack(settings: Settings, say: Callable[[str], None] = print) -> i
         stoppers.append(redis.stop)
         say(f"redis  : {redis.url} (log {redis.log_path})")
 
+        for name, args in (
+            ("engine", ["engine"]),
+            ("producer", ["produce", "--rate", str(settings.demo_rate)]),
+        ):
+            child = ManagedProcess(
+                name,
+                [sys.executable, "-m", "viewgate", *args],
+                settings.log_dir / f"{name}.log",
+                env=env,
+            ).start()
+            children.append(child)
+            stoppers.append(child.stop)
+            say(f"{name:7}: pid {child.pid} (log {child.log_path})")
+
         gateway = ManagedProcess(
             "gateway",
             [sys.executable, "-m", "viewgate", "gateway"],

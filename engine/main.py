@@ -1,0 +1,24 @@
+"""`viewgate engine`: run every view until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from engine.runner import run_until_stopped, start_all
+from engine.spark import build_spark
+from schema.catalog import Catalog
+from schema.settings import Settings
+
+
+def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    spark = build_spark(settings)
+    try:
+        queries = start_all(spark, settings, catalog)
+        say(f"engine: {len(queries)} queries running: {', '.join(q.name for q in queries)}")
+        run_until_stopped(queries, stop)
+    finally:
+        spark.stop()
