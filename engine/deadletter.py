@@ -10,14 +10,14 @@ from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 
 from schema.catalog import Catalog, Source, parse_ddl
-from schema.storage import deadletter_topic, meta_key
+from schema.storage import META_DEAD_LETTERS, deadletter_topic, meta_key
 
-_COUNT_ONCE_LUA = """
+_COUNT_ONCE_LUA = f"""
 -- KEYS[1] fence hash of the source; KEYS[2..] meta hashes of its views.
 local seen = redis.call('HGET', KEYS[1], 'batch')
 if seen and tonumber(seen) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'batch', ARGV[1])
-for i = 2, #KEYS do redis.call('HINCRBY', KEYS[i], 'dead_letters', ARGV[2]) end
+for i = 2, #KEYS do redis.call('HINCRBY', KEYS[i], '{META_DEAD_LETTERS}', ARGV[2]) end
 return 1
 """
 

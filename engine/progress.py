@@ -8,29 +8,25 @@ import json
 import redis
 from pyspark.sql.streaming import StreamingQueryListener
 
-from schema.storage import META_OFFSETS, META_WATERMARK, meta_key
+from engine.views import view_of_query
+from schema.storage import META_LATE_EVENTS, META_OFFSETS, META_WATERMARK, meta_key
 
-_LATE_ONCE_LUA = """
+# Fenced on the batch id, so a replayed progress event does not count late events twice.
+_LATE_ONCE_LUA = f"""
 local seen = redis.call('HGET', KEYS[1], 'progress_batch')
 if seen and tonumber(seen) >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'progress_batch', ARGV[1], 'offsets', ARGV[2], 'watermark', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'late_events', ARGV[4])
+redis.call('HSET', KEYS[1], 'progress_batch', ARGV[1],
+           '{META_OFFSETS}', ARGV[2], '{META_WATERMARK}', ARGV[3])
+redis.call('HINCRBY', KEYS[1], '{META_LATE_EVENTS}', ARGV[4])
 return 1
 """
 
 
-def view_of_query(name: str | None) -> str | None:
-    """Query names are `view:<View>:g<generation>`."""
-    if name and name.startswith("view:"):
-        return name.split(":")[1]
-    return None
-
-
 class ProgressRecorder(StreamingQueryListener):
     def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
         self.redis = redis.Redis.from_url(redis_url)
         self.record = self.redis.register_script(_LATE_ONCE_LUA)
-        assert META_OFFSETS == "offsets" and META_WATERMARK == "watermark"
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's API
         pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 
 import redis
 from pyspark.sql import SparkSession
@@ -29,10 +30,19 @@ from schema.storage import (
 log = logging.getLogger("viewgate.engine")
 
 
-def prepare(spark: SparkSession, settings: Settings, catalog: Catalog) -> dict[str, StructType]:
-    """Analyse every view and make sure its current Delta table and meta exist."""
+# The progress listener each session has, so that starting queries again (tests, restarts
+# in one process) does not stack listeners that each write every progress event.
+_recorders: weakref.WeakKeyDictionary[SparkSession, ProgressRecorder] = weakref.WeakKeyDictionary()
+
+
+def prepare(
+    spark: SparkSession, settings: Settings, catalog: Catalog
+) -> dict[str, tuple[StructType, int]]:
+    """Analyse every view and make sure its current Delta table and meta exist.
+    Returns each view's output schema and current generation."""
     schemas = analyse(spark, catalog)
     ensure_topics(settings.kafka_bootstrap, catalog)
+    prepared: dict[str, tuple[StructType, int]] = {}
     client = redis.Redis.from_url(settings.redis_url)
     try:
         for name, schema in schemas.items():
@@ -40,9 +50,21 @@ def prepare(spark: SparkSession, settings: Settings, catalog: Catalog) -> dict[s
             ensure_table(spark, delta_table_path(settings.delta_location, name, generation), schema)
             write_current_generation(settings.delta_location, name, generation)
             client.hsetnx(meta_key(name), META_GENERATION, generation)
+            prepared[name] = (schema, generation)
     finally:
         client.close()
-    return schemas
+    return prepared
+
+
+def _record_progress(spark: SparkSession, redis_url: str) -> None:
+    current = _recorders.get(spark)
+    if current is not None and current.redis_url == redis_url:
+        return
+    if current is not None:
+        spark.streams.removeListener(current)
+    recorder = ProgressRecorder(redis_url)
+    spark.streams.addListener(recorder)
+    _recorders[spark] = recorder
 
 
 def start_all(
@@ -52,24 +74,18 @@ def start_all(
     *,
     available_now: bool = False,
 ) -> list[StreamingQuery]:
-    schemas = prepare(spark, settings, catalog)
-    spark.streams.addListener(ProgressRecorder(settings.redis_url))
+    prepared = prepare(spark, settings, catalog)
+    _record_progress(spark, settings.redis_url)
     queries = [
         start_deadletter_query(spark, settings, catalog, source, available_now=available_now)
         for source in catalog.sources.values()
         if catalog.views_reading(source.name)
     ]
     for view in catalog.views.values():
-        generation = read_current_generation(settings.delta_location, view.name)
+        schema, generation = prepared[view.name]
         queries.append(
             start_view_query(
-                spark,
-                settings,
-                catalog,
-                view,
-                schemas[view.name],
-                generation,
-                available_now=available_now,
+                spark, settings, catalog, view, schema, generation, available_now=available_now
             )
         )
     return queries

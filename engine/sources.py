@@ -9,7 +9,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from schema.catalog import Source
+from schema.catalog import Source, parse_ddl
 from schema.settings import Settings
 
 CORRUPT = "_corrupt"
@@ -81,6 +81,4 @@ def bad_records(classified: DataFrame) -> DataFrame:
 
 
 def source_columns(source: Source) -> list[str]:
-    from schema.catalog import parse_ddl
-
     return list(parse_ddl(source.schema))

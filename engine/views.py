@@ -26,6 +26,13 @@ def query_name(view: View, generation: int) -> str:
     return f"view:{view.name}:g{generation}"
 
 
+def view_of_query(name: str | None) -> str | None:
+    """The view a query_name names, or None for other queries (dead letters)."""
+    if name and name.startswith("view:"):
+        return name.split(":")[1]
+    return None
+
+
 def checkpoint_path(settings: Settings, view: View, generation: int) -> str:
     return f"{settings.checkpoint_location}/{view.name}/g{generation}"
 

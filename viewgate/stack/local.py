@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -99,8 +100,6 @@ def run_local_stack(settings: Settings, say: Callable[[str], None] = print) -> i
 
 
 def _http_ok(url: str) -> bool:
-    import urllib.request
-
     try:
         with urllib.request.urlopen(url, timeout=1) as response:
             return response.status == 200
