@@ -15,12 +15,13 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from engine.failpoints import failpoint
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import RedisSink
 from schema.catalog import View, graphql_fields
 from schema.settings import Settings
-from schema.storage import ChangeEvent, delta_table_path, key_of
+from schema.storage import RETIRED, ChangeEvent, delta_table_path, key_of
 
 
 class ViewCommitter:
@@ -51,14 +52,18 @@ class ViewCommitter:
         batch_id: int,
         rows: Sequence[Mapping[str, Any]],
         deleted: Sequence[Mapping[str, Any]] = (),
-    ) -> bool:
-        """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows."""
+    ) -> int:
+        """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows.
+        Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
         now_ms = int(time.time() * 1000)
         upserts = {key_of(r, self.view.key): dict(r) for r in rows}
         deletes = {key_of(d, self.delete_on) for d in deleted}
-        applied = self.redis.apply(
+        status = self.redis.apply(
             batch_id, self.generation, upserts, deletes, meta={"committed_at_ms": now_ms}
         )
+        if status == RETIRED:
+            return status  # readers moved to a rebuilt generation; the engine restarts us
+        failpoint("after_redis", self.view.name)
         events = [
             ChangeEvent(self.view.name, k, "upsert", r, batch_id, self.generation, now_ms)
             for k, r in upserts.items()
@@ -67,6 +72,7 @@ class ViewCommitter:
             for k in deletes
         ]
         self.feed.publish(events)
+        failpoint("after_changefeed", self.view.name)
         self.delta.merge(
             batch_id,
             rows,
@@ -74,4 +80,5 @@ class ViewCommitter:
             self.delete_on,
             metadata={"view": self.view.name, "batch_id": batch_id, "generation": self.generation},
         )
-        return applied
+        failpoint("after_delta", self.view.name)
+        return status

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from engine.runner import run_until_stopped, start_all
+from engine.runner import Engine
 from engine.spark import build_spark
 from schema.catalog import Catalog
 from schema.settings import Settings
@@ -17,8 +17,9 @@ def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
         signal.signal(sig, lambda *_: stop.set())
     spark = build_spark(settings)
     try:
-        queries = start_all(spark, settings, catalog)
+        engine = Engine(spark, settings, catalog)
+        queries = engine.start()
         say(f"engine: {len(queries)} queries running: {', '.join(q.name for q in queries)}")
-        run_until_stopped(queries, stop)
+        engine.run_until_stopped(stop)
     finally:
         spark.stop()

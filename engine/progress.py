@@ -8,16 +8,26 @@ import json
 import redis
 from pyspark.sql.streaming import StreamingQueryListener
 
-from engine.views import view_of_query
+from engine.views import parse_query_name
 from schema.storage import META_LATE_EVENTS, META_OFFSETS, META_WATERMARK, meta_key
 
-# Fenced on the batch id, so a replayed progress event does not count late events twice.
-_LATE_ONCE_LUA = f"""
-local seen = redis.call('HGET', KEYS[1], 'progress_batch')
+# Fenced on the batch id per generation, so a replayed progress event does not count late
+# events twice; a rebuild's generation keeps its own figures until it is switched in (the
+# same "name:g<gen>" scheme as schema.storage.APPLY_BATCH_LUA).
+_RECORD_PROGRESS_LUA = f"""
+local live = redis.call('HGET', KEYS[1], 'generation')
+local gen = ARGV[2]
+if live and tonumber(gen) < tonumber(live) then return -1 end
+local g = ':g' .. gen
+local seen = redis.call('HGET', KEYS[1], 'progress_batch' .. g)
 if seen and tonumber(seen) >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'progress_batch', ARGV[1],
-           '{META_OFFSETS}', ARGV[2], '{META_WATERMARK}', ARGV[3])
-redis.call('HINCRBY', KEYS[1], '{META_LATE_EVENTS}', ARGV[4])
+redis.call('HSET', KEYS[1], 'progress_batch' .. g, ARGV[1],
+           '{META_OFFSETS}' .. g, ARGV[3], '{META_WATERMARK}' .. g, ARGV[4])
+local late = redis.call('HINCRBY', KEYS[1], '{META_LATE_EVENTS}' .. g, ARGV[5])
+if (not live) or live == gen then
+  redis.call('HSET', KEYS[1], '{META_OFFSETS}', ARGV[3], '{META_WATERMARK}', ARGV[4],
+             '{META_LATE_EVENTS}', late)
+end
 return 1
 """
 
@@ -26,16 +36,17 @@ class ProgressRecorder(StreamingQueryListener):
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
         self.redis = redis.Redis.from_url(redis_url)
-        self.record = self.redis.register_script(_LATE_ONCE_LUA)
+        self.record = self.redis.register_script(_RECORD_PROGRESS_LUA)
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's API
         pass
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
         progress = event.progress
-        view = view_of_query(progress.name)
-        if view is None:
+        named = parse_query_name(progress.name)
+        if named is None:
             return
+        view, generation = named
         offsets: dict[str, dict[str, int]] = {}
         for source in progress.sources:
             try:
@@ -50,7 +61,7 @@ class ProgressRecorder(StreamingQueryListener):
         try:
             self.record(
                 keys=[meta_key(view)],
-                args=[progress.batchId, json.dumps(offsets), watermark, late],
+                args=[progress.batchId, generation, json.dumps(offsets), watermark, late],
             )
         except redis.RedisError:
             pass  # informational; the next progress event writes it again

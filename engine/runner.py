@@ -1,5 +1,6 @@
 """Run the engine: check the catalog with Spark, create the tables, start one query
-per view and one dead-letter query per source, and keep them running."""
+per view and one dead-letter query per source, and keep them running, moving a view
+to its rebuilt generation when `viewgate rebuild` switches it."""
 
 from __future__ import annotations
 
@@ -13,19 +14,14 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from engine.analysis import analyse
+from engine.generations import reconcile_generation
 from engine.progress import ProgressRecorder
 from engine.sinks.delta_sink import ensure_table
 from engine.topics import ensure_topics
 from engine.views import start_deadletter_query, start_view_query
 from schema.catalog import Catalog
 from schema.settings import Settings
-from schema.storage import (
-    META_GENERATION,
-    delta_table_path,
-    meta_key,
-    read_current_generation,
-    write_current_generation,
-)
+from schema.storage import delta_table_path, read_current_generation
 
 log = logging.getLogger("viewgate.engine")
 
@@ -33,6 +29,17 @@ log = logging.getLogger("viewgate.engine")
 # The progress listener each session has, so that starting queries again (tests, restarts
 # in one process) does not stack listeners that each write every progress event.
 _recorders: weakref.WeakKeyDictionary[SparkSession, ProgressRecorder] = weakref.WeakKeyDictionary()
+
+
+def record_progress(spark: SparkSession, redis_url: str) -> None:
+    current = _recorders.get(spark)
+    if current is not None and current.redis_url == redis_url:
+        return
+    if current is not None:
+        spark.streams.removeListener(current)
+    recorder = ProgressRecorder(redis_url)
+    spark.streams.addListener(recorder)
+    _recorders[spark] = recorder
 
 
 def prepare(
@@ -46,58 +53,90 @@ def prepare(
     client = redis.Redis.from_url(settings.redis_url)
     try:
         for name, schema in schemas.items():
-            generation = read_current_generation(settings.delta_location, name)
+            generation = reconcile_generation(settings, client, name)
             ensure_table(spark, delta_table_path(settings.delta_location, name, generation), schema)
-            write_current_generation(settings.delta_location, name, generation)
-            client.hsetnx(meta_key(name), META_GENERATION, generation)
             prepared[name] = (schema, generation)
     finally:
         client.close()
     return prepared
 
 
-def _record_progress(spark: SparkSession, redis_url: str) -> None:
-    current = _recorders.get(spark)
-    if current is not None and current.redis_url == redis_url:
-        return
-    if current is not None:
-        spark.streams.removeListener(current)
-    recorder = ProgressRecorder(redis_url)
-    spark.streams.addListener(recorder)
-    _recorders[spark] = recorder
+class Engine:
+    """Every view's query and every source's dead-letter query in one SparkSession."""
+
+    def __init__(
+        self, spark: SparkSession, settings: Settings, catalog: Catalog, *, available_now=False
+    ) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.catalog = catalog
+        self.available_now = available_now
+        self.schemas: dict[str, StructType] = {}
+        self.generations: dict[str, int] = {}
+        self.view_queries: dict[str, StreamingQuery] = {}
+        self.other_queries: list[StreamingQuery] = []
+
+    @property
+    def queries(self) -> list[StreamingQuery]:
+        return [*self.other_queries, *self.view_queries.values()]
+
+    def start(self) -> list[StreamingQuery]:
+        for name, (schema, generation) in prepare(self.spark, self.settings, self.catalog).items():
+            self.schemas[name] = schema
+            self.generations[name] = generation
+        record_progress(self.spark, self.settings.redis_url)
+        self.other_queries = [
+            start_deadletter_query(
+                self.spark, self.settings, self.catalog, source, available_now=self.available_now
+            )
+            for source in self.catalog.sources.values()
+            if self.catalog.views_reading(source.name)
+        ]
+        for name in self.catalog.views:
+            self._start_view(name)
+        return self.queries
+
+    def _start_view(self, name: str) -> None:
+        self.view_queries[name] = start_view_query(
+            self.spark,
+            self.settings,
+            self.catalog,
+            self.catalog.view(name),
+            self.schemas[name],
+            self.generations[name],
+            available_now=self.available_now,
+        )
+
+    def follow_rebuilds(self) -> list[str]:
+        """Restart the query of every view a rebuild switched to a new generation; its
+        checkpoint carries on where the rebuild stopped. Returns the views moved."""
+        moved = []
+        for name, running in self.generations.items():
+            current = read_current_generation(self.settings.delta_location, name)
+            if current > running:
+                self.view_queries[name].stop()
+                self.generations[name] = current
+                self._start_view(name)
+                log.info("view %s now runs generation %d", name, current)
+                moved.append(name)
+        return moved
+
+    def run_until_stopped(self, stop: threading.Event, poll_s: float = 1.0) -> None:
+        """Block until `stop` is set or a query fails (then raise its error)."""
+        try:
+            while not stop.wait(poll_s):
+                for query in self.queries:
+                    if not query.isActive:
+                        error = query.exception()
+                        if error is not None:
+                            raise RuntimeError(f"query {query.name} failed: {error}")
+                self.follow_rebuilds()
+        finally:
+            for query in self.queries:
+                query.stop()
 
 
 def start_all(
-    spark: SparkSession,
-    settings: Settings,
-    catalog: Catalog,
-    *,
-    available_now: bool = False,
+    spark: SparkSession, settings: Settings, catalog: Catalog, *, available_now: bool = False
 ) -> list[StreamingQuery]:
-    prepared = prepare(spark, settings, catalog)
-    _record_progress(spark, settings.redis_url)
-    queries = [
-        start_deadletter_query(spark, settings, catalog, source, available_now=available_now)
-        for source in catalog.sources.values()
-        if catalog.views_reading(source.name)
-    ]
-    for view in catalog.views.values():
-        schema, generation = prepared[view.name]
-        queries.append(
-            start_view_query(
-                spark, settings, catalog, view, schema, generation, available_now=available_now
-            )
-        )
-    return queries
-
-
-def run_until_stopped(queries: list[StreamingQuery], stop: threading.Event) -> None:
-    """Block until `stop` is set or a query fails (then raise its error)."""
-    while not stop.wait(1.0):
-        for query in queries:
-            if not query.isActive:
-                error = query.exception()
-                if error is not None:
-                    raise RuntimeError(f"query {query.name} failed: {error}")
-    for query in queries:
-        query.stop()
+    return Engine(spark, settings, catalog, available_now=available_now).start()

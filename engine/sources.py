@@ -16,16 +16,21 @@ CORRUPT = "_corrupt"
 META_COLUMNS = ("_kafka_key", "_raw", "_topic", "_partition", "_offset", "_tombstone", "_error")
 
 
-def read_kafka(spark: SparkSession, settings: Settings, topic: str) -> DataFrame:
-    return (
+def read_kafka(
+    spark: SparkSession, settings: Settings, topic: str, max_offsets: int | None = None
+) -> DataFrame:
+    """The topic from its earliest retained offset; `max_offsets` caps each batch."""
+    reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         # Compacted topics have offset gaps by design; a gap is not data loss here.
         .option("failOnDataLoss", "false")
-        .load()
     )
+    if max_offsets:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
+    return reader.load()
 
 
 def classify(raw: DataFrame, source: Source) -> DataFrame:

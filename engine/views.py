@@ -26,10 +26,11 @@ def query_name(view: View, generation: int) -> str:
     return f"view:{view.name}:g{generation}"
 
 
-def view_of_query(name: str | None) -> str | None:
-    """The view a query_name names, or None for other queries (dead letters)."""
-    if name and name.startswith("view:"):
-        return name.split(":")[1]
+def parse_query_name(name: str | None) -> tuple[str, int] | None:
+    """(view, generation) of a query_name, or None for other queries (dead letters)."""
+    parts = (name or "").split(":")
+    if len(parts) == 3 and parts[0] == "view" and parts[2].startswith("g"):
+        return parts[1], int(parts[2][1:])
     return None
 
 
@@ -57,9 +58,10 @@ def start_view_query(
     generation: int,
     *,
     available_now: bool = False,
+    max_offsets: int | None = None,
 ) -> StreamingQuery:
     source = catalog.source_of(view)
-    classified = classify(read_kafka(spark, settings, source.topic), source)
+    classified = classify(read_kafka(spark, settings, source.topic, max_offsets), source)
     # Only upsert views delete, by the source key a tombstone carries.
     delete_on = (source.key,) if view.kind is ViewKind.UPSERT else view.key
     committer = ViewCommitter(spark.newSession(), settings, view, schema, generation, delete_on)

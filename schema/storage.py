@@ -338,6 +338,10 @@ APPLY_BATCH_LUA = r"""
 local meta = KEYS[1]
 local batch = tonumber(ARGV[1])
 local gen = ARGV[2]
+local live = redis.call('HGET', meta, 'generation')
+if live and tonumber(gen) < tonumber(live) then
+  return -1  -- a retired generation (a rebuild replaced it): write nothing
+end
 -- The fence is per generation, so a rebuild into a new generation has its own batch ids.
 local fence = 'version:g' .. gen
 local seen = redis.call('HGET', meta, fence)
@@ -365,15 +369,51 @@ for _, op in ipairs(ops) do
   end
 end
 redis.call('HSET', meta, fence, ARGV[1])
--- Meta describes the generation being served: a batch of another generation (a rebuild
--- still catching up) records only its fence.
-local live = redis.call('HGET', meta, 'generation')
+-- Every generation keeps its own copy of the meta fields ("name:g<gen>"), which a switch
+-- promotes; the plain fields describe the generation being served, so a rebuild still
+-- catching up never shows through.
+local fields = cjson.decode(ARGV[3])
+for name, value in pairs(fields) do
+  redis.call('HSET', meta, name .. ':g' .. gen, tostring(value))
+end
 if (not live) or live == gen then
-  for name, value in pairs(cjson.decode(ARGV[3])) do
+  for name, value in pairs(fields) do
     redis.call('HSET', meta, name, tostring(value))
   end
   redis.call('HSET', meta, 'generation', gen, 'version', ARGV[1])
 end
+return 1
+"""
+
+APPLIED, REPLAYED, RETIRED = 1, 0, -1  # what APPLY_BATCH_LUA returns
+
+# Switch readers to a rebuilt generation: promote its "name:g<gen>" meta fields to the
+# plain ones and drop the fields of older generations, atomically. Writes to an older
+# generation are refused from then on (see APPLY_BATCH_LUA), so none can leak in after.
+SWITCH_GENERATION_LUA = r"""
+-- KEYS[1] meta hash; ARGV[1] the new generation. Returns 1 if switched, 0 if not newer.
+local meta = KEYS[1]
+local gen = tonumber(ARGV[1])
+local live = tonumber(redis.call('HGET', meta, 'generation') or '-1')
+if live >= gen then
+  return 0
+end
+local all = redis.call('HGETALL', meta)
+-- The old generation's figures must not show through where the new one has none yet.
+redis.call('HDEL', meta, 'offsets', 'watermark', 'committed_at_ms', 'late_events')
+redis.call('HSET', meta, 'version', '-1')
+for i = 1, #all, 2 do
+  local name, value = all[i], all[i + 1]
+  local base, g = string.match(name, '^(.*):g(%d+)$')
+  if base then
+    if tonumber(g) == gen then
+      redis.call('HSET', meta, base, value)
+    elseif tonumber(g) < gen then
+      redis.call('HDEL', meta, name)
+    end
+  end
+end
+redis.call('HSET', meta, 'generation', ARGV[1])
 return 1
 """
 

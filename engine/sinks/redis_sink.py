@@ -48,8 +48,9 @@ class RedisSink:
         upserts: Mapping[str, Mapping[str, Any]],
         deletes: set[str],
         meta: Mapping[str, Any],
-    ) -> bool:
-        """True if applied; False if Redis already holds this batch (a replay)."""
+    ) -> int:
+        """APPLIED, REPLAYED (Redis already holds this batch) or RETIRED (a rebuild
+        replaced this generation), as schema.storage names them."""
         keys = [*upserts, *deletes]
         old_rows = {}
         if keys and self.view.indexes:
@@ -69,7 +70,7 @@ class RedisSink:
             old = self._index_entries(old_rows.get(key), key, generation)
             ops += [op_zrem(k, m) for k, _, m in old]
         args = apply_batch_args(batch_id, generation, meta, ops)
-        return self.apply_script(keys=[meta_key(self.view.name)], args=args) == 1
+        return int(self.apply_script(keys=[meta_key(self.view.name)], args=args))
 
     def close(self) -> None:
         self.client.close()

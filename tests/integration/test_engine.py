@@ -3,16 +3,25 @@ pandas computation over the same events."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import itertools
 import json
 
-import pandas as pd
 import pytest
 import redis
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from deltalake import DeltaTable
+from shop_views import (
+    catalog_on,
+    delta_frame,
+    expected_customer_stats,
+    expected_customers,
+    expected_orders,
+    expected_product_sales,
+    produce,
+    redis_rows,
+    ts,
+)
 
 from engine.analysis import analyse
 from engine.commit import ViewCommitter
@@ -20,12 +29,11 @@ from engine.runner import start_all
 from schema import demo
 from schema.catalog import Catalog
 from schema.storage import (
+    REPLAYED,
     ViewMeta,
     deadletter_topic,
-    decode_row,
     delta_table_path,
     meta_key,
-    row_key,
 )
 from viewgate.demo_events import generate
 
@@ -62,46 +70,12 @@ BAD_ORDERS = [
 ]
 
 
-def _catalog_on(prefix: str) -> Catalog:
-    """The demo catalog reading topics of its own, so tests do not share data."""
-    sources = [
-        dataclasses.replace(s, topic=f"{prefix}.{s.topic}") for s in demo.CATALOG.sources.values()
-    ]
-    return Catalog.of(sources, demo.CATALOG.views.values())
-
-
-def _produce(bootstrap: str, records) -> None:
-    # Idempotence keeps the log in send order across retries (a fresh topic's first
-    # requests often are retried); the expectations below assume that order.
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "message.max.bytes": 1_000_000}
-    )
-    for topic, key, value in records:
-        producer.produce(topic, key=key, value=value)
-    assert producer.flush(60) == 0
-
-
 def _run_once(spark, settings, catalog) -> None:
     for query in start_all(spark, settings, catalog, available_now=True):
         assert query.awaitTermination(300), f"{query.name} did not finish"
         assert query.exception() is None, query.exception()
     for listener_query in spark.streams.active:
         listener_query.stop()
-
-
-def _redis_rows(client: redis.Redis, view: str) -> dict[str, dict]:
-    keys = list(client.scan_iter(match=row_key(view, 0, "*"), count=1000))
-    values = client.mget(keys) if keys else []
-    prefix = row_key(view, 0, "")
-    return {k.decode()[len(prefix) :]: decode_row(v) for k, v in zip(keys, values, strict=True)}
-
-
-def _delta_frame(settings, view: str) -> pd.DataFrame:
-    return DeltaTable(delta_table_path(settings.delta_location, view, 0)).to_pandas()
-
-
-def _ts(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 @pytest.fixture(scope="module")
@@ -113,25 +87,25 @@ def shop(spark, settings, tmp_path_factory):
             "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/1",
         }
     )
-    catalog = _catalog_on("engine-test")
+    catalog = catalog_on("engine-test")
     topics = {s.name: s.topic for s in catalog.sources.values()}
     events = list(itertools.islice(generate(seed=3), 1500))
     customers = [(topics["customers"], k, v) for t, k, v in events if t == "customers"]
     orders = [(topics["orders"], k, v) for t, k, v in events if t == "orders"]
 
     # Round 1: customers, so that every order below finds its customer (stream-static join).
-    _produce(settings.kafka_bootstrap, customers)
+    produce(settings.kafka_bootstrap, customers)
     _run_once(spark, settings, catalog)
     # Round 2: orders, with bad records among them.
-    _produce(settings.kafka_bootstrap, orders[:700])
-    _produce(
+    produce(settings.kafka_bootstrap, orders[:700])
+    produce(
         settings.kafka_bootstrap,
         [(topics["orders"], f"bad{i}", v) for i, (v, _) in enumerate(BAD_ORDERS)],
     )
-    _produce(settings.kafka_bootstrap, orders[700:])
+    produce(settings.kafka_bootstrap, orders[700:])
     _run_once(spark, settings, catalog)
     # Round 3: one event far behind the watermark: counted as late, not aggregated.
-    newest = max(_ts(json.loads(v)["ts"]) for _, _, v in orders if v)
+    newest = max(ts(json.loads(v)["ts"]) for _, _, v in orders if v)
     late = {
         "order_id": "LATE1",
         "customer_id": "C00001",
@@ -140,7 +114,7 @@ def shop(spark, settings, tmp_path_factory):
         "status": "placed",
         "ts": (newest - datetime.timedelta(minutes=10)).isoformat(),
     }
-    _produce(settings.kafka_bootstrap, [(topics["orders"], "LATE1", json.dumps(late).encode())])
+    produce(settings.kafka_bootstrap, [(topics["orders"], "LATE1", json.dumps(late).encode())])
     _run_once(spark, settings, catalog)
 
     client = redis.Redis.from_url(settings.redis_url)
@@ -155,42 +129,19 @@ def shop(spark, settings, tmp_path_factory):
     client.close()
 
 
-def _expected_customers(customers) -> dict[str, dict]:
-    latest: dict[str, dict] = {}
-    for _, key, value in customers:
-        if value is None:
-            latest.pop(key, None)
-        else:
-            latest[key] = json.loads(value)
-    return latest
-
-
 def test_upsert_view_keeps_the_latest_row_per_key(shop):
-    expected = _expected_customers(shop["customers"])
-    assert _redis_rows(shop["redis"], "Customer") == expected
-    delta = _delta_frame(shop["settings"], "Customer")
+    expected = expected_customers(shop["customers"])
+    assert redis_rows(shop["redis"], "Customer") == expected
+    delta = delta_frame(shop["settings"], "Customer")
     assert {r["customer_id"]: r for r in delta.to_dict("records")} == expected
 
 
 def test_enriched_upsert_view_applies_updates_and_tombstones(shop):
-    customers = _expected_customers(shop["customers"])
-    latest: dict[str, dict] = {}
-    for _, key, value in shop["orders"]:
-        if value is None:
-            latest.pop(key, None)
-        else:
-            order = json.loads(value)
-            customer = customers.get(order["customer_id"], {})
-            latest[key] = order | {
-                "customer_tier": customer.get("tier"),
-                "customer_country": customer.get("country"),
-            }
-    latest["LATE1"] = shop["late"] | {
-        "customer_tier": customers["C00001"]["tier"],
-        "customer_country": customers["C00001"]["country"],
-    }
+    customers = expected_customers(shop["customers"])
+    late = [(None, "LATE1", json.dumps(shop["late"]).encode())]
+    latest = expected_orders(shop["orders"] + late, customers)
     assert any(v is None for _, _, v in shop["orders"]), "the events include deletes"
-    rows = _redis_rows(shop["redis"], "Order")
+    rows = redis_rows(shop["redis"], "Order")
     assert set(rows) == set(latest)
     for key, row in rows.items():
         want = latest[key]
@@ -199,31 +150,15 @@ def test_enriched_upsert_view_applies_updates_and_tombstones(shop):
             want["amount"],
             want["customer_tier"],
         ), key
-        assert _ts(row["ts"]) == _ts(want["ts"])
-    delta = _delta_frame(shop["settings"], "Order")
+        assert ts(row["ts"]) == ts(want["ts"])
+    delta = delta_frame(shop["settings"], "Order")
     assert set(delta["order_id"]) == set(latest)
 
 
-def _placed(orders) -> pd.DataFrame:
-    placed = [json.loads(v) for _, _, v in orders if v and json.loads(v)["status"] == "placed"]
-    frame = pd.DataFrame(placed)
-    frame["ts"] = pd.to_datetime(frame["ts"], utc=True)
-    return frame
-
-
 def test_aggregate_view_matches_a_batch_computation(shop):
-    placed = pd.concat(
-        [_placed(shop["orders"]), _placed([(None, None, json.dumps(shop["late"]).encode())])]
-    )
-    expected = placed.groupby("customer_id").agg(
-        order_count=("amount", "size"),
-        total_spent=("amount", "sum"),
-        avg_order=("amount", "mean"),
-        max_order=("amount", "max"),
-        min_order=("amount", "min"),
-        last_order_at=("ts", "max"),
-    )
-    rows = _redis_rows(shop["redis"], "CustomerStats")
+    late = [(None, "LATE1", json.dumps(shop["late"]).encode())]
+    expected = expected_customer_stats(shop["orders"] + late)
+    rows = redis_rows(shop["redis"], "CustomerStats")
     assert set(rows) == set(expected.index)
     for customer_id, want in expected.iterrows():
         row = rows[customer_id]
@@ -233,25 +168,21 @@ def test_aggregate_view_matches_a_batch_computation(shop):
         assert (row["max_order"], row["min_order"]) == pytest.approx(
             (want.max_order, want.min_order)
         )
-        assert _ts(row["last_order_at"]) == want.last_order_at.to_pydatetime()
-    delta = _delta_frame(shop["settings"], "CustomerStats").set_index("customer_id")
+        assert ts(row["last_order_at"]) == want.last_order_at.to_pydatetime()
+    delta = delta_frame(shop["settings"], "CustomerStats").set_index("customer_id")
     assert delta["order_count"].to_dict() == expected["order_count"].to_dict()
 
 
 def test_window_view_matches_a_batch_computation_and_counts_late_events(shop):
-    placed = _placed(shop["orders"])
-    placed["window_start"] = placed["ts"].dt.floor("1min")
-    expected = placed.groupby(["product_id", "window_start"]).agg(
-        order_count=("amount", "size"), revenue=("amount", "sum")
-    )
-    rows = _redis_rows(shop["redis"], "ProductSales")
-    actual = {(r["product_id"], _ts(r["window_start"])): r for r in rows.values()}
+    expected = expected_product_sales(shop["orders"])
+    rows = redis_rows(shop["redis"], "ProductSales")
+    actual = {(r["product_id"], ts(r["window_start"])): r for r in rows.values()}
     want = {(p, w.to_pydatetime()): v for (p, w), v in expected.iterrows()}
     assert set(actual) == set(want), "the late event must not open a window"
     for key, value in want.items():
         assert actual[key]["order_count"] == value.order_count
         assert actual[key]["revenue"] == pytest.approx(value.revenue)
-        assert _ts(actual[key]["window_end"]) - key[1] == datetime.timedelta(minutes=1)
+        assert ts(actual[key]["window_end"]) - key[1] == datetime.timedelta(minutes=1)
     meta = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSales")))
     assert meta.late_events == 1
     assert meta.watermark, "the watermark is recorded"
@@ -292,19 +223,19 @@ def test_a_replayed_batch_changes_neither_redis_nor_delta(shop, spark):
     view = catalog.view("Customer")
     schema = analyse(spark, catalog)["Customer"]
     meta = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("Customer")))
-    before_rows = _redis_rows(shop["redis"], "Customer")
+    before_rows = redis_rows(shop["redis"], "Customer")
     table = DeltaTable(delta_table_path(settings.delta_location, "Customer", 0))
     before_version = table.version()
 
     committer = ViewCommitter(spark.newSession(), settings, view, schema, 0, ("customer_id",))
     tampered = dict(next(iter(before_rows.values())), name="REPLAYED")
-    applied = committer.commit(meta.version, [tampered])
+    status = committer.commit(meta.version, [tampered])
 
-    assert applied is False
-    assert _redis_rows(shop["redis"], "Customer") == before_rows
+    assert status == REPLAYED
+    assert redis_rows(shop["redis"], "Customer") == before_rows
     table.update_incremental()
     assert table.version() == before_version
-    assert "REPLAYED" not in set(_delta_frame(settings, "Customer")["name"])
+    assert "REPLAYED" not in set(delta_frame(settings, "Customer")["name"])
 
 
 def test_spark_analysis_names_the_view_field_and_fix_of_a_mismatch(spark):

@@ -1,0 +1,95 @@
+"""Generations of a view: the one readers are served, and switching them to a rebuilt one.
+
+A view's Delta table, checkpoint and Redis keys all carry a generation number. A rebuild
+fills generation N+1 beside the live N; the switch then moves readers over atomically
+(Redis meta in one script, the `_current` pointer file by rename) and retires N.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import redis
+
+from schema.settings import Settings
+from schema.storage import (
+    SWITCH_GENERATION_LUA,
+    generation_pattern,
+    meta_key,
+    read_current_generation,
+    write_current_generation,
+)
+
+_GENERATION_DIR = re.compile(r"^g(\d+)$")
+
+
+def _local_dir(location: str, view: str) -> Path | None:
+    if "://" in location and not location.startswith("file://"):
+        return None  # object storage: leftovers are the operator's to clean
+    return Path(location.removeprefix("file://")) / view
+
+
+def generation_dirs(settings: Settings, view: str) -> dict[int, list[Path]]:
+    """Every generation with a Delta table or checkpoint folder on the local disk."""
+    found: dict[int, list[Path]] = {}
+    for location in (settings.delta_location, settings.checkpoint_location):
+        folder = _local_dir(location, view)
+        if folder is None or not folder.is_dir():
+            continue
+        for child in folder.iterdir():
+            match = _GENERATION_DIR.match(child.name)
+            if match and child.is_dir():
+                found.setdefault(int(match.group(1)), []).append(child)
+    return found
+
+
+def drop_redis_generation(client: redis.Redis, view: str, generation: int) -> int:
+    """UNLINK every Redis key of one generation; returns how many went."""
+    dropped = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=generation_pattern(view, generation), count=1000):
+        batch.append(key)
+        if len(batch) == 1000:
+            dropped += client.unlink(*batch)
+            batch.clear()
+    if batch:
+        dropped += client.unlink(*batch)
+    return dropped
+
+
+def discard_generations_above(
+    settings: Settings, client: redis.Redis, view: str, live: int
+) -> None:
+    """Remove what an abandoned rebuild left above the live generation."""
+    for generation, paths in generation_dirs(settings, view).items():
+        if generation > live:
+            for path in paths:
+                shutil.rmtree(path, ignore_errors=True)
+            drop_redis_generation(client, view, generation)
+
+
+def switch_generation(settings: Settings, client: redis.Redis, view: str, generation: int) -> None:
+    """Serve `generation` from now on. The pointer file first: should we die between the
+    two writes, the engine's start-up finishes the switch (see reconcile_generation)."""
+    write_current_generation(settings.delta_location, view, generation)
+    client.register_script(SWITCH_GENERATION_LUA)(keys=[meta_key(view)], args=[generation])
+
+
+def reconcile_generation(settings: Settings, client: redis.Redis, view: str) -> int:
+    """The generation to serve; completes a switch that a crash interrupted."""
+    generation = read_current_generation(settings.delta_location, view)
+    client.register_script(SWITCH_GENERATION_LUA)(keys=[meta_key(view)], args=[generation])
+    return generation
+
+
+def retire_generation(settings: Settings, client: redis.Redis, view: str, old: int) -> None:
+    """After a switch from `old`: its Redis keys go at once (writes to it are refused
+    already), its Delta table stays for one more rebuild (time travel, a way back), and
+    anything older than it goes."""
+    drop_redis_generation(client, view, old)
+    for generation, paths in generation_dirs(settings, view).items():
+        if generation < old:
+            for path in paths:
+                shutil.rmtree(path, ignore_errors=True)
