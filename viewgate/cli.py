@@ -127,6 +127,8 @@ def rebuild(
     except CatalogError as error:
         console.print(f"[red]invalid catalog[/red]\n{error}")
         raise typer.Exit(1) from None
+    if view not in loaded.views:
+        _fail(RebuildError(f"no view {view}; the catalog has {', '.join(loaded.views)}"))
     spark = build_spark(settings, app_name=f"viewgate-rebuild-{view}")
     columns = (
         "{task.description}",
