@@ -3,12 +3,15 @@ pandas computation over the same events."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import json
 
+import pandas as pd
 import pytest
 import redis
+import strawberry
 from confluent_kafka import Consumer
 from deltalake import DeltaTable
 from shop_views import (
@@ -18,6 +21,7 @@ from shop_views import (
     expected_customers,
     expected_orders,
     expected_product_sales,
+    placed,
     produce,
     redis_rows,
     ts,
@@ -70,6 +74,26 @@ BAD_ORDERS = [
 ]
 
 
+@strawberry.type(description="Orders per product in one-minute windows every 20 seconds.")
+class ProductSalesSliding:
+    product_id: str
+    window_start: datetime.datetime
+    window_end: datetime.datetime
+    order_count: int
+    revenue: float
+
+
+# A sliding window beside the demo's tumbling one.
+SLIDING_SALES = dataclasses.replace(
+    demo.PRODUCT_SALES,
+    name="ProductSalesSliding",
+    graphql_type=ProductSalesSliding,
+    sql=demo.PRODUCT_SALES.sql.replace(
+        "window(ts, '1 minute')", "window(ts, '1 minute', '20 seconds')"
+    ),
+)
+
+
 def _run_once(spark, settings, catalog) -> None:
     for query in start_all(spark, settings, catalog, available_now=True):
         assert query.awaitTermination(300), f"{query.name} did not finish"
@@ -87,7 +111,10 @@ def shop(spark, settings, tmp_path_factory):
             "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/1",
         }
     )
-    catalog = catalog_on("engine-test")
+    test_catalog = catalog_on("engine-test")
+    catalog = Catalog.of(
+        test_catalog.sources.values(), [*test_catalog.views.values(), SLIDING_SALES]
+    )
     topics = {s.name: s.topic for s in catalog.sources.values()}
     events = list(itertools.islice(generate(seed=3), 1500))
     customers = [(topics["customers"], k, v) for t, k, v in events if t == "customers"]
@@ -186,6 +213,28 @@ def test_window_view_matches_a_batch_computation_and_counts_late_events(shop):
     meta = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSales")))
     assert meta.late_events == 1
     assert meta.watermark, "the watermark is recorded"
+
+
+def test_sliding_window_view_matches_a_batch_computation(shop):
+    frame = placed(shop["orders"])
+    # Each event falls in the three 1-minute windows that start at the 20 s marks before it.
+    last_start = frame["ts"].dt.floor("20s")
+    frame = pd.concat(
+        [frame.assign(window_start=last_start - pd.Timedelta(seconds=20 * k)) for k in range(3)]
+    )
+    expected = frame.groupby(["product_id", "window_start"]).agg(
+        order_count=("amount", "size"), revenue=("amount", "sum")
+    )
+    rows = redis_rows(shop["redis"], "ProductSalesSliding")
+    actual = {(r["product_id"], ts(r["window_start"])): r for r in rows.values()}
+    want = {(p, w.to_pydatetime()): v for (p, w), v in expected.iterrows()}
+    assert set(actual) == set(want), "the late event must not open a window"
+    for key, value in want.items():
+        assert actual[key]["order_count"] == value.order_count
+        assert actual[key]["revenue"] == pytest.approx(value.revenue)
+        assert ts(actual[key]["window_end"]) - key[1] == datetime.timedelta(minutes=1)
+    meta = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSalesSliding")))
+    assert meta.late_events >= 1, "the late event is counted, once per window it missed"
 
 
 def test_bad_records_are_dead_lettered_with_reasons_and_counted(shop):
