@@ -15,6 +15,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
@@ -33,8 +34,10 @@ class ViewCommitter:
         schema: StructType,
         generation: int,
         delete_on: Sequence[str] = (),
+        checkpoint: str | None = None,
     ) -> None:
         self.view = view
+        self.checkpoint = checkpoint
         self.generation = generation
         self.delete_on = tuple(delete_on) or view.key
         self.redis = RedisSink(settings.redis_url, view, graphql_fields(view))
@@ -56,11 +59,13 @@ class ViewCommitter:
         """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows.
         Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
         now_ms = int(time.time() * 1000)
+        meta: dict[str, Any] = {"committed_at_ms": now_ms}
+        covered = read_batch_offsets(self.checkpoint, batch_id) if self.checkpoint else None
+        if covered is not None:
+            meta |= {"offsets": covered.offsets, "watermark": covered.watermark}
         upserts = {key_of(r, self.view.key): dict(r) for r in rows}
         deletes = {key_of(d, self.delete_on) for d in deleted}
-        status = self.redis.apply(
-            batch_id, self.generation, upserts, deletes, meta={"committed_at_ms": now_ms}
-        )
+        status = self.redis.apply(batch_id, self.generation, upserts, deletes, meta=meta)
         if status == RETIRED:
             return status  # readers moved to a rebuilt generation; the engine restarts us
         failpoint("after_redis", self.view.name)
@@ -78,7 +83,13 @@ class ViewCommitter:
             rows,
             deleted,
             self.delete_on,
-            metadata={"view": self.view.name, "batch_id": batch_id, "generation": self.generation},
+            metadata={
+                "view": self.view.name,
+                "batch_id": batch_id,
+                "generation": self.generation,
+                "late_events": self.redis.late_events(self.generation),
+                **meta,
+            },
         )
         failpoint("after_delta", self.view.name)
         return status

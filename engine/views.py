@@ -64,7 +64,10 @@ def start_view_query(
     classified = classify(read_kafka(spark, settings, source.topic, max_offsets), source)
     # Only upsert views delete, by the source key a tombstone carries.
     delete_on = (source.key,) if view.kind is ViewKind.UPSERT else view.key
-    committer = ViewCommitter(spark.newSession(), settings, view, schema, generation, delete_on)
+    checkpoint = checkpoint_path(settings, view, generation)
+    committer = ViewCommitter(
+        spark.newSession(), settings, view, schema, generation, delete_on, checkpoint
+    )
     if view.kind is ViewKind.UPSERT:
         writer = valid_records(classified).writeStream.foreachBatch(
             _upsert_batch(settings, view, source, committer)
@@ -83,9 +86,7 @@ def start_view_query(
         writer = output.writeStream.outputMode("update").foreachBatch(
             lambda batch, batch_id: committer.commit(batch_id, _rows(batch))
         )
-    writer = writer.queryName(query_name(view, generation)).option(
-        "checkpointLocation", checkpoint_path(settings, view, generation)
-    )
+    writer = writer.queryName(query_name(view, generation)).option("checkpointLocation", checkpoint)
     trigger = {"availableNow": True} if available_now else {"processingTime": view.trigger}
     return writer.trigger(**trigger).start()
 

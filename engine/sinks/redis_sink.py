@@ -10,6 +10,7 @@ import redis
 from schema.catalog import FieldInfo, View
 from schema.storage import (
     APPLY_BATCH_LUA,
+    META_LATE_EVENTS,
     apply_batch_args,
     decode_row,
     encode_row,
@@ -71,6 +72,13 @@ class RedisSink:
             ops += [op_zrem(k, m) for k, _, m in old]
         args = apply_batch_args(batch_id, generation, meta, ops)
         return int(self.apply_script(keys=[meta_key(self.view.name)], args=args))
+
+    def late_events(self, generation: int) -> int:
+        """Late events counted so far (up to the previous batch: Spark reports a batch's
+        count after it, see engine.progress)."""
+        return int(
+            self.client.hget(meta_key(self.view.name), f"{META_LATE_EVENTS}:g{generation}") or 0
+        )
 
     def close(self) -> None:
         self.client.close()

@@ -267,6 +267,31 @@ def test_bad_records_are_dead_lettered_with_reasons_and_counted(shop):
         assert meta.version >= 0 and meta.offsets
 
 
+def test_offsets_and_watermark_are_recorded_with_each_commit_in_redis_and_delta(shop):
+    settings = shop["settings"]
+    for view in ("CustomerStats", "ProductSales"):
+        meta = ViewMeta.from_fields(shop["redis"].hgetall(meta_key(view)))
+        topic = shop["catalog"].source_of(shop["catalog"].view(view)).topic
+        assert sum(meta.offsets[topic].values()) == len(shop["orders"]) + len(BAD_ORDERS) + 1
+        history = DeltaTable(delta_table_path(settings.delta_location, view, 0)).history()
+        commits = [json.loads(c["userMetadata"]) for c in history if c.get("userMetadata")]
+        newest = max(commits, key=lambda c: c["batch_id"])
+        assert newest["view"] == view and newest["committed_at_ms"] > 0
+        assert newest["late_events"] >= 0 and newest["generation"] == 0
+        assert sum(newest["offsets"][topic].values()) <= sum(meta.offsets[topic].values())
+    # The late event's batch changed CustomerStats, so its Delta commit covers everything.
+    stats = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("CustomerStats")))
+    history = DeltaTable(delta_table_path(settings.delta_location, "CustomerStats", 0)).history()
+    newest = max(
+        (json.loads(c["userMetadata"]) for c in history if c.get("userMetadata")),
+        key=lambda c: c["batch_id"],
+    )
+    assert newest["offsets"] == stats.offsets and newest["batch_id"] == stats.version
+    sales = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSales")))
+    newest_event = max(ts(json.loads(v)["ts"]) for _, _, v in shop["orders"] if v)
+    assert ts(sales.watermark) == newest_event - datetime.timedelta(seconds=30)
+
+
 def test_a_replayed_batch_changes_neither_redis_nor_delta(shop, spark):
     settings, catalog = shop["settings"], shop["catalog"]
     view = catalog.view("Customer")

@@ -1,0 +1,42 @@
+"""What one micro-batch covers, read from its query's checkpoint: the Kafka end offsets
+and the event-time watermark Spark wrote ahead of running the batch (`offsets/<batch id>`).
+
+foreachBatch is not told them; reading them here lets a commit record them atomically with
+its rows in Redis and in its Delta commit, instead of after the fact.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BatchOffsets:
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)  # topic->partition->end
+    watermark: str = ""  # ISO-8601 UTC, "" when the view has no watermark
+
+
+def read_batch_offsets(checkpoint: str, batch_id: int) -> BatchOffsets | None:
+    """None when the checkpoint is not on a local path (object storage) or lacks the batch."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return None
+    path = Path(checkpoint.removeprefix("file://")) / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    # Line 1 is the log version, line 2 the batch metadata, then one line per source.
+    watermark_ms = json.loads(lines[1]).get("batchWatermarkMs", 0) if len(lines) > 1 else 0
+    offsets: dict[str, dict[str, int]] = {}
+    for line in lines[2:]:
+        if line.startswith("{"):
+            for topic, partitions in json.loads(line).items():
+                offsets.setdefault(topic, {}).update(partitions)
+    watermark = ""
+    if watermark_ms:
+        moment = datetime.datetime.fromtimestamp(watermark_ms / 1000, datetime.UTC)
+        watermark = moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{watermark_ms % 1000:03d}Z"
+    return BatchOffsets(offsets, watermark)

@@ -1,0 +1,31 @@
+"""Reading what a batch covers from a Structured Streaming checkpoint's offset log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.batch_offsets import BatchOffsets, read_batch_offsets
+
+# The shape Spark 4.2 writes to <checkpoint>/offsets/<batch id>.
+OFFSET_LOG = """v1
+{"batchWatermarkMs":1704067230250,"batchTimestampMs":1795387181818,"conf":{"a":"b"}}
+{"shop.orders":{"0":419,"1":415}}
+"""
+
+
+def test_offsets_and_watermark_of_a_batch(tmp_path: Path) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "7").write_text(OFFSET_LOG)
+    covered = read_batch_offsets(str(tmp_path), 7)
+    assert covered == BatchOffsets(
+        {"shop.orders": {"0": 419, "1": 415}}, "2024-01-01T00:00:30.250Z"
+    )
+    assert read_batch_offsets(f"file://{tmp_path}", 7) == covered
+
+
+def test_no_watermark_missing_batches_and_object_storage(tmp_path: Path) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "0").write_text(OFFSET_LOG.replace("1704067230250", "0"))
+    assert read_batch_offsets(str(tmp_path), 0).watermark == ""
+    assert read_batch_offsets(str(tmp_path), 1) is None
+    assert read_batch_offsets("s3a://bucket/checkpoints/View/g0", 0) is None
