@@ -14,7 +14,6 @@ the proper GraphQL errors.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,16 +87,27 @@ class Plan:
         variables = self._variables(given)
         if variables is None:
             return None
-        loads = []
+        # One batched read per view (the same Reads.rows the DataLoaders batch into), without
+        # the DataLoader's scheduling: a plan knows all its keys up front.
+        keys: dict[str, list[str]] = {}
+        views = {}
+        wanted = []
         for lookup in self.lookups:
             values = {col: variables[var] if var is not None else literal
                       for col, literal, var in lookup.arguments}
             key = key_of(values, lookup.types.view.key)
-            loads.append(context.rows_loader(lookup.types.view).load(key))
+            keys.setdefault(lookup.types.view.name, []).append(key)
+            views[lookup.types.view.name] = lookup.types.view
+            wanted.append(key)
         try:
-            rows = await asyncio.gather(*loads)
+            found: dict[tuple[str, str], Any] = {}
+            for name, view_keys in keys.items():
+                unique = list(dict.fromkeys(view_keys))
+                rows = await context.reads.rows(views[name], unique, context.fresh)
+                found.update(((name, k), r) for k, r in zip(unique, rows, strict=True))
             data: dict[str, Any] = {}
-            for lookup, row in zip(self.lookups, rows, strict=True):
+            for lookup, key in zip(self.lookups, wanted, strict=True):
+                row = found[(lookup.types.view.name, key)]
                 data[lookup.response_key] = None if row is None else _layout(lookup, row)
         except (GraphQLError, _NotCompilable, ValueError, TypeError):
             return None

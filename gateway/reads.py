@@ -58,7 +58,7 @@ class Reads:
         self.catalog = catalog
         self.settings = settings
         self.redis = RedisStore(settings.redis_url, settings.gateway_redis_timeout_s,
-                                settings.gateway_redis_retry_ms)
+                                settings.gateway_redis_retry_ms, settings.gateway_meta_cache_ms)
         self.delta = DeltaStore(settings.delta_location)
         self.fields: dict[str, dict[str, FieldInfo]] = {
             name: graphql_fields(view) for name, view in catalog.views.items()}

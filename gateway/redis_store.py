@@ -35,6 +35,21 @@ from schema.storage import (
     warm_rows_args,
 )
 
+# Rows by key with the meta they are at, in one command (the hot path: a pipeline costs the
+# client more than one script call). Atomic, so the rows are exactly at the meta's version.
+READ_ROWS_LUA = r"""
+-- KEYS[1] meta hash, KEYS[2..] row keys; ARGV[1] the generation the keys were built for
+local gen = ARGV[1]
+local meta = redis.call('HMGET', KEYS[1], 'generation', 'version', 'watermark',
+                        'committed_at_ms', 'version:g' .. gen, 'complete:g' .. gen)
+local rows = {}
+for i = 2, #KEYS, 1000 do
+  local chunk = redis.call('MGET', unpack(KEYS, i, math.min(i + 999, #KEYS)))
+  for _, row in ipairs(chunk) do rows[#rows + 1] = row end
+end
+return {meta, rows}
+"""
+
 
 class RedisUnavailable(Exception):
     """Redis cannot answer now; read Delta instead."""
@@ -57,13 +72,16 @@ def _int(value: bytes | None) -> int | None:
 
 
 class RedisStore:
-    def __init__(self, url: str, timeout_s: float, retry_ms: int) -> None:
+    def __init__(self, url: str, timeout_s: float, retry_ms: int, meta_cache_ms: int = 0) -> None:
         self.client = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self.retry_s = retry_ms / 1000
         self._down_until = 0.0
         self._generation: dict[str, int] = {}
+        self.meta_cache_s = meta_cache_ms / 1000
+        self._meta_cache: dict[str, tuple[float, Meta]] = {}
         self._page_by_score = self.client.register_script(PAGE_BY_SCORE_LUA)
+        self._read_rows = self.client.register_script(READ_ROWS_LUA)
         self._warm = self.client.register_script(WARM_ROWS_LUA)
 
     async def close(self) -> None:
@@ -75,6 +93,21 @@ class RedisStore:
 
     def generation(self, view: str) -> int:
         return self._generation.get(view, 0)
+
+    def _failed(self, exc: RedisError) -> RedisUnavailable:
+        self._down_until = time.monotonic() + self.retry_s
+        return RedisUnavailable(str(exc))
+
+    def _meta(self, view: str, guessed: int, fields: list) -> Meta | None:
+        """The meta from HMGET's answer, or None (and the new guess) if the generation
+        is not the one the keys were built for."""
+        gen, version, watermark, committed, fence, complete = fields
+        actual = guessed if gen is None else int(gen)
+        if actual != guessed:
+            self._generation[view] = actual
+            return None
+        return Meta(actual, _int(version), watermark.decode() if watermark else None,
+                    _int(committed), _int(fence), complete is not None)
 
     async def _run(self, view: str, build: Callable[[Any, int], None]) -> tuple[Meta, list]:
         """Pipeline HMGET meta + whatever `build(pipe, generation)` queues; returns the meta
@@ -90,16 +123,10 @@ class RedisStore:
             try:
                 replies = await pipe.execute()
             except RedisError as exc:
-                self._down_until = time.monotonic() + self.retry_s
-                raise RedisUnavailable(str(exc)) from exc
-            gen, version, watermark, committed, fence, complete = replies[0]
-            actual = generation if gen is None else int(gen)
-            if actual != generation:
-                self._generation[view] = actual
-                continue
-            meta = Meta(actual, _int(version), watermark.decode() if watermark else None,
-                        _int(committed), _int(fence), complete is not None)
-            return meta, replies[1:]
+                raise self._failed(exc) from exc
+            meta = self._meta(view, generation, replies[0])
+            if meta is not None:
+                return meta, replies[1:]
         raise RedisUnavailable(f"the generation of {view} keeps changing")
 
     async def meta(self, view: str) -> Meta:
@@ -107,11 +134,33 @@ class RedisStore:
         return meta
 
     async def rows(self, view: str, keys: Sequence[str]) -> tuple[Meta, list[bytes | None]]:
-        def build(pipe: Any, gen: int) -> None:
-            pipe.mget([row_key(view, gen, k) for k in keys])
-
-        meta, replies = await self._run(view, build)
-        return meta, replies[0]
+        """The rows with the meta they are at least as fresh as. The meta read with the rows
+        is reused for `meta_cache_ms`: meanwhile a plain MGET does (the meta's version then
+        may trail the rows' by that long, never lead it)."""
+        if not self.available:
+            raise RedisUnavailable("Redis failed recently")
+        now = time.monotonic()
+        cached = self._meta_cache.get(view)
+        if cached is not None and now - cached[0] < self.meta_cache_s:
+            meta = cached[1]
+            try:
+                rows = await self.client.mget([row_key(view, meta.generation, k) for k in keys])
+            except RedisError as exc:
+                raise self._failed(exc) from exc
+            return meta, rows
+        for _ in range(3):
+            generation = self.generation(view)
+            try:
+                fields, rows = await self._read_rows(
+                    keys=[meta_key(view), *(row_key(view, generation, k) for k in keys)],
+                    args=[generation])
+            except RedisError as exc:
+                raise self._failed(exc) from exc
+            meta = self._meta(view, generation, fields)
+            if meta is not None:
+                self._meta_cache[view] = (now, meta)
+                return meta, rows
+        raise RedisUnavailable(f"the generation of {view} keeps changing")
 
     async def lex_page(self, view: str, field: str, r: Range, reverse: bool, limit: int,
                        count: Sequence[Range]) -> tuple[Meta, list[bytes], int]:
@@ -181,8 +230,8 @@ class RedisStore:
         args = warm_rows_args(generation, fence_seen, delta_batch, committed_at_ms, complete, ops)
         try:
             return await self._warm(keys=[meta_key(view)], args=args) == 1
-        except RedisError:
-            self._down_until = time.monotonic() + self.retry_s
+        except RedisError as exc:
+            self._failed(exc)
             return False
 
     async def get_rows(self, view: str, generation: int, keys: Sequence[str]) -> list:

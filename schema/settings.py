@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     gateway_redis_retry_ms: int = Field(
         1_000, description="After a Redis failure, how long the gateway reads Delta only."
     )
+    gateway_meta_cache_ms: int = Field(
+        25,
+        description="How long a point read reuses the view meta (version, watermark) read "
+        "with the last rows; 0 reads it with every request.",
+    )
     gateway_document_cache_size: int = Field(
         1_000, description="Parsed and validated documents the gateway keeps."
     )
