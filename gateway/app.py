@@ -3,67 +3,96 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 import strawberry
+from graphql import GraphQLError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
-from strawberry.asgi import GraphQL
+from strawberry.types import ExecutionContext
 
+from gateway.fastpath import FastPath
+from gateway.http import GraphQLHTTP
+from gateway.limits import schema_extensions
+from gateway.reads import Reads
 from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
+from gateway.types import build_view_types, root_fields
 from schema.catalog import Catalog
+from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
 from schema.settings import Settings, get_settings
 
 
-def build_schema(
-    settings: Settings, redis_client: aioredis.Redis, catalog: Catalog
-) -> strawberry.Schema:
-    query = strawberry.type(
-        type(
-            "Query",
-            (),
-            {
-                "__annotations__": {"system": SystemStatus, "views": list[ViewStatus]},
-                "system": strawberry.field(
-                    resolver=system_resolver(settings, redis_client),
-                    description="Live status of the services the gateway depends on.",
-                ),
-                "views": strawberry.field(
-                    resolver=views_resolver(catalog, redis_client),
-                    description="Each view's last commit as the engine recorded it.",
-                ),
-            },
-        )
-    )
-    return strawberry.Schema(query=query)
+class GatewaySchema(strawberry.Schema):
+    def process_errors(self, errors: list[GraphQLError],
+                       execution_context: ExecutionContext | None = None) -> None:
+        """Log only failures of ours; a bad document, a refused filter or a limit is the
+        client's to fix and is already in the answer."""
+        unexpected = [e for e in errors if e.original_error is not None
+                      and not isinstance(e.original_error, GraphQLError)]
+        super().process_errors(unexpected, execution_context)
 
 
-def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> Starlette:
+def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Catalog,
+                 reads: Reads) -> tuple[strawberry.Schema, dict]:
+    types = build_view_types(catalog, reads, settings)
+    annotations: dict[str, object] = {"system": SystemStatus, "views": list[ViewStatus]}
+    attrs: dict[str, object] = {
+        "system": strawberry.field(
+            resolver=system_resolver(settings, redis_client),
+            description="Live status of the services the gateway depends on."),
+        "views": strawberry.field(
+            resolver=views_resolver(catalog, redis_client),
+            description="Each view's last commit as the engine recorded it."),
+    }
+    for name, (annotation, field) in root_fields(types, settings).items():
+        if name in attrs:
+            raise CatalogError([Problem(name, None, f"its query field {name} clashes with a "
+                                        "built-in field", "rename the view")])
+        annotations[name] = annotation
+        attrs[name] = field
+    attrs["__annotations__"] = annotations
+    query = strawberry.type(type("Query", (), attrs))
+    schema = GatewaySchema(query=query, extensions=schema_extensions(settings))
+    return schema, types
+
+
+def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
+               fast_path: bool = True) -> Starlette:
     settings = settings or get_settings()
     catalog = catalog or load_catalog(settings.catalog)
     redis_client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2)
-    schema = build_schema(settings, redis_client, catalog)
+    reads = Reads(catalog, settings)
+    schema, types = build_schema(settings, redis_client, catalog, reads)
+    fast = FastPath(schema._schema, types, settings.gateway_document_cache_size) \
+        if fast_path else None
+    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast)
+    sdl_text = schema.as_str() + "\n"
 
     async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
     async def sdl(_: Request) -> PlainTextResponse:
-        return PlainTextResponse(schema.as_str())
+        return PlainTextResponse(sdl_text, media_type="application/graphql")
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette):
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
         yield
+        await reads.close()
         await redis_client.aclose()
 
-    graphql = GraphQL(schema, graphql_ide="graphiql")
-    return Starlette(
+    app = Starlette(
         routes=[
-            Route("/graphql", graphql, methods=["GET", "POST"]),
+            Route("/graphql", graphql.handle, methods=["GET", "POST"]),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
         ],
         lifespan=lifespan,
     )
+    app.state.schema = schema
+    app.state.reads = reads
+    app.state.fast = fast
+    return app

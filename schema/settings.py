@@ -66,6 +66,45 @@ class Settings(BaseSettings):
     # Gateway.
     gateway_host: str = Field("127.0.0.1", description="Address the gateway binds to.")
     gateway_port: int = Field(8000, description="Port the gateway listens on.")
+    gateway_max_depth: int = Field(12, description="Deepest selection a query may nest.")
+    gateway_max_aliases: int = Field(30, description="Most aliases a query may use.")
+    gateway_max_tokens: int = Field(3000, description="Most tokens a query document may have.")
+    gateway_max_document_bytes: int = Field(
+        50_000, description="Largest query document (bytes) the gateway parses."
+    )
+    gateway_max_page_size: int = Field(
+        500, description="Largest `first`/`last` of a list or a to-many relationship."
+    )
+    gateway_default_page_size: int = Field(
+        20, description="Rows a list or to-many relationship returns without `first`/`last`."
+    )
+    gateway_max_cost: int = Field(
+        10_000,
+        description="Most rows a query may ask for: page sizes multiplied along nested lists, "
+        "summed over the query.",
+    )
+    gateway_max_candidates: int = Field(
+        10_000,
+        description="Most index entries a list combining filters on several fields may scan "
+        "before filtering; more is refused with an error (narrow the filter).",
+    )
+    gateway_min_version_wait_ms: int = Field(
+        2_000, description="How long a query waits for a requested minimum view version."
+    )
+    gateway_redis_timeout_s: float = Field(
+        1.0, description="Redis connect and read timeout of the gateway; then Delta answers."
+    )
+    gateway_redis_retry_ms: int = Field(
+        1_000, description="After a Redis failure, how long the gateway reads Delta only."
+    )
+    gateway_meta_cache_ms: int = Field(
+        25,
+        description="How long a point read reuses the view meta (version, watermark) read "
+        "with the last rows; 0 reads it with every request.",
+    )
+    gateway_document_cache_size: int = Field(
+        1_000, description="Parsed and validated documents the gateway keeps."
+    )
 
     # The local development stack (`viewgate up`, `viewgate kafka|redis start`).
     local_kafka_port: int = Field(9092, description="Port of the local Kafka broker.")

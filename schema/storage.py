@@ -147,6 +147,11 @@ def current_generation_path(delta_root: str, view: str) -> str:
     return f"{delta_root.rstrip('/')}/{view}/_current"
 
 
+def delta_app_id(view: str, generation: int) -> str:
+    """The Delta transaction app id of a view's MERGEs; its txn version is the batch id."""
+    return f"viewgate:{view}:g{generation}"
+
+
 def meta_table_path(delta_root: str) -> str:
     return f"{delta_root.rstrip('/')}/_viewgate_meta"
 
@@ -285,6 +290,17 @@ META_WATERMARK = "watermark"
 META_COMMITTED_AT_MS = "committed_at_ms"
 META_LATE_EVENTS = "late_events"
 META_DEAD_LETTERS = "dead_letters"
+
+
+def fence_field(generation: int) -> str:
+    """The meta field holding the last batch id applied to Redis for one generation."""
+    return f"version:g{generation}"
+
+
+def complete_field(generation: int) -> str:
+    """Meta field set by the gateway once Redis holds every row of a generation (it
+    re-warmed the whole Delta snapshot). Absent after a flush: indexes may be partial."""
+    return f"complete:g{generation}"
 
 
 @dataclass
@@ -442,6 +458,52 @@ def apply_batch_args(batch_id: int, generation: int, meta: Mapping[str, Any],
     meta_text = {k: v if isinstance(v, str) else orjson.dumps(v).decode()
                  for k, v in meta.items()}
     return [str(int(batch_id)), str(int(generation)), orjson.dumps(meta_text).decode(),
+            orjson.dumps(list(ops)).decode()]
+
+
+# The gateway's re-warm of rows it read from Delta. It applies only if the fence is still
+# the one the gateway saw before reading Delta (no engine batch landed in between) and
+# that Delta snapshot is not older than it, so it can never regress or resurrect a row.
+WARM_ROWS_LUA = r"""
+-- KEYS[1] meta hash; ARGV[1] generation; ARGV[2] fence seen ('' = none);
+-- ARGV[3] Delta batch id of the rows; ARGV[4] Delta commit ms; ARGV[5] '1' = last chunk of
+-- a complete warm; ARGV[6] JSON list of ops (as APPLY_BATCH_LUA's).
+local meta = KEYS[1]
+local gen = ARGV[1]
+local seen = redis.call('HGET', meta, 'version:g' .. gen) or ''
+if seen ~= ARGV[2] then
+  return 0
+end
+if seen ~= '' and tonumber(seen) > tonumber(ARGV[3]) then
+  return 0
+end
+for _, op in ipairs(cjson.decode(ARGV[6])) do
+  if op.op == 'set' then
+    redis.call('SET', op.k, op.v)
+  elseif op.op == 'zadd' then
+    redis.call('ZADD', op.k, op.s, op.m)
+  elseif op.op == 'zrem' then
+    redis.call('ZREM', op.k, op.m)
+  end
+end
+local live = redis.call('HGET', meta, 'generation')
+if seen == '' and tonumber(ARGV[3]) >= 0 and ((not live) or live == gen) then
+  -- Meta was lost with the rows: describe the snapshot the rows came from.
+  redis.call('HSET', meta, 'version:g' .. gen, ARGV[3], 'generation', gen,
+             'version', ARGV[3], 'committed_at_ms', ARGV[4])
+end
+if ARGV[5] == '1' then
+  redis.call('HSET', meta, 'complete:g' .. gen, ARGV[3])
+end
+return 1
+"""
+
+
+def warm_rows_args(generation: int, fence_seen: int | None, delta_batch: int,
+                   committed_at_ms: int, complete: bool, ops: Iterable[Op]) -> list[str]:
+    """ARGV for WARM_ROWS_LUA (KEYS is [meta_key(view)])."""
+    return [str(int(generation)), "" if fence_seen is None else str(int(fence_seen)),
+            str(int(delta_batch)), str(int(committed_at_ms)), "1" if complete else "0",
             orjson.dumps(list(ops)).decode()]
 
 

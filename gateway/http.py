@@ -1,0 +1,232 @@
+"""GraphQL over HTTP (the GraphQL-over-HTTP specification): GET and POST, JSON bodies,
+`application/json` and `application/graphql-response+json` responses with that media
+type's status codes, GraphiQL for browsers. Responses are serialized with orjson and carry
+`extensions.freshness`.
+
+Status codes: a malformed HTTP request (bad JSON, no query, wrong parameter types) is
+400 for both media types. A GraphQL request error (the document does not parse or
+validate, variables do not fit, a limit is hit) is 400 with
+`application/graphql-response+json` and 200 with `application/json`, as the spec says.
+Once execution starts the answer is 200, `data` present, field errors in `errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from graphql import GraphQLError
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from strawberry.exceptions import MissingQueryError
+from strawberry.http.ides import get_graphql_ide_html
+from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
+from strawberry.types import ExecutionResult
+from strawberry.types.execution import PreExecutionError
+from strawberry.types.graphql import OperationType
+
+from gateway.fastpath import FastPath
+from gateway.filters import QueryError
+from gateway.freshness import parse_min_versions, wait_for_versions
+from gateway.limits import limit_code
+from gateway.types import RequestContext
+
+GRAPHQL_RESPONSE = "application/graphql-response+json"
+JSON = "application/json"
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class GraphQLRequest:
+    query: str
+    variables: dict[str, Any] | None
+    operation_name: str | None
+    extensions: dict[str, Any] | None
+
+
+def negotiate(accept: str | None) -> str | None:
+    """The response media type for an Accept header; None if we offer nothing it takes."""
+    if not accept:
+        return JSON
+    best: tuple[float, int, str] | None = None
+    for part in accept.split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        media = media.lower()
+        if media in (GRAPHQL_RESPONSE, "application/*", "*/*"):
+            candidate = (q, 1, GRAPHQL_RESPONSE)
+        elif media == JSON:
+            candidate = (q, 0, JSON)
+        else:
+            continue
+        if q > 0 and (best is None or candidate[:2] > best[:2]):
+            best = candidate
+    return best[2] if best else None
+
+
+def _json_param(value: Any, name: str) -> dict[str, Any] | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            raise BadRequest(f"{name} is not valid JSON") from None
+    if value is not None and not isinstance(value, dict):
+        raise BadRequest(f"{name} must be a JSON object")
+    return value
+
+
+def parse_params(params: Mapping[str, Any], max_bytes: int) -> GraphQLRequest:
+    query = params.get("query")
+    if query is None or query == "":
+        raise BadRequest("the request has no query")
+    if not isinstance(query, str):
+        raise BadRequest("query must be a string")
+    if len(query.encode()) > max_bytes:
+        raise BadRequest(f"the document is {len(query.encode())} bytes; the limit is "
+                         f"{max_bytes} (gateway_max_document_bytes)", status=413)
+    operation_name = params.get("operationName")
+    if operation_name is not None and not isinstance(operation_name, str):
+        raise BadRequest("operationName must be a string")
+    return GraphQLRequest(query, _json_param(params.get("variables"), "variables"),
+                          operation_name or None,
+                          _json_param(params.get("extensions"), "extensions"))
+
+
+def _error(error: GraphQLError) -> dict[str, Any]:
+    formatted = error.formatted
+    code = limit_code(error)
+    if code is not None:
+        formatted["extensions"] = {**(formatted.get("extensions") or {}), "code": code}
+    return formatted
+
+
+def respond(body: dict[str, Any], media: str, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type=media)
+
+
+def request_error(message: str, media: str, status: int, code: str = "BAD_REQUEST") -> Response:
+    return respond({"errors": [{"message": message, "extensions": {"code": code}}]},
+                   media, status)
+
+
+class GraphQLHTTP:
+    """The /graphql endpoint."""
+
+    def __init__(self, schema: Any, reads: Any, catalog: Any, settings: Any,
+                 fast: FastPath | None) -> None:
+        self.schema = schema
+        self.reads = reads
+        self.catalog = catalog
+        self.settings = settings
+        self.fast = fast
+        self.ide = get_graphql_ide_html(graphql_ide="graphiql")
+
+    async def handle(self, request: Request) -> Response:
+        accept = request.headers.get("accept")
+        is_get = request.method in ("GET", "HEAD")
+        if is_get and "text/html" in (accept or "") \
+                and "query" not in request.query_params:
+            return HTMLResponse(self.ide)
+        media = negotiate(accept)
+        if media is None:
+            return request_error(f"cannot answer in any of {accept}; accept {GRAPHQL_RESPONSE} "
+                                 f"or {JSON}", JSON, 406, "NOT_ACCEPTABLE")
+        try:
+            params = request.query_params if is_get else await self._params(request)
+            graphql_request = parse_params(params, self.settings.gateway_max_document_bytes)
+        except BadRequest as exc:
+            return request_error(str(exc), media, exc.status)
+        return await self.execute(graphql_request, media, is_get)
+
+    async def _params(self, request: Request) -> Mapping[str, Any]:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != JSON:
+            raise BadRequest(f"POST needs Content-Type {JSON}, not {content_type or 'none'}",
+                             status=415)
+        body = await request.body()
+        if len(body) > self.settings.gateway_max_document_bytes * 4:
+            raise BadRequest("the request body is too large "
+                             "(gateway_max_document_bytes)", status=413)
+        try:
+            params = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise BadRequest("the body is not valid JSON") from None
+        if not isinstance(params, dict):
+            raise BadRequest("the body must be a JSON object (batches are not supported)")
+        return params
+
+    async def execute(self, req: GraphQLRequest, media: str, is_get: bool) -> Response:
+        context = RequestContext(self.reads, self.catalog)
+        try:
+            wanted = parse_min_versions((req.extensions or {}).get("minVersion"),
+                                        self.catalog.views)
+            if wanted:
+                await wait_for_versions(self.reads.current_version, wanted,
+                                        self.settings.gateway_min_version_wait_ms)
+        except QueryError as error:
+            if error.extensions["code"] == "BAD_REQUEST":
+                return respond({"errors": [error.formatted]}, media, 400)
+            # The view stayed behind: execution was attempted and refused, data is null.
+            return respond({"data": None, "errors": [error.formatted]}, media)
+
+        if self.fast is not None and not wanted:
+            fast = await self.fast.run(req.query, req.operation_name, req.variables, context)
+            if fast is not None:
+                return Response(fast, media_type=media)
+
+        allowed = {OperationType.QUERY} if is_get else {OperationType.QUERY,
+                                                         OperationType.MUTATION}
+        try:
+            result = await self.schema.execute(
+                req.query, variable_values=req.variables, context_value=context,
+                operation_name=req.operation_name, allowed_operation_types=allowed,
+                operation_extensions=req.extensions)
+        except InvalidOperationTypeError as exc:
+            if is_get:
+                return Response(orjson.dumps({"errors": [{"message": (
+                    f"{exc.operation_type.value} operations are not allowed over GET; "
+                    "use POST")}]}), status_code=405, media_type=media,
+                    headers={"Allow": "POST"})
+            return request_error(f"{exc.operation_type.value} operations are not supported",
+                                 media, 400 if media == GRAPHQL_RESPONSE else 200)
+        except CannotGetOperationTypeError as exc:
+            name = req.operation_name
+            message = (f"no operation named {name!r} in the document" if name else
+                       f"cannot pick the operation to run: {exc}")
+            return request_error(message, media, 400 if media == GRAPHQL_RESPONSE else 200)
+        except MissingQueryError:
+            return request_error("the request has no query", media, 400)
+        return self._response(result, context, media, req)
+
+    def _response(self, result: ExecutionResult, context: RequestContext, media: str,
+                  req: GraphQLRequest) -> Response:
+        errors = result.errors or []
+        # Before execution (parse, validation, variables, limits) nothing is read: no data.
+        is_request_error = isinstance(result, PreExecutionError) or (
+            result.data is None and errors and all(e.path is None for e in errors))
+        body: dict[str, Any] = {}
+        if errors:
+            body["errors"] = [_error(e) for e in errors]
+        if is_request_error:
+            return respond(body, media, 400 if media == GRAPHQL_RESPONSE else 200)
+        body["data"] = result.data
+        body["extensions"] = {"freshness": context.fresh.report()}
+        if self.fast is not None and not errors:
+            self.fast.learn(req.query, req.operation_name)
+        return respond(body, media)
