@@ -22,7 +22,7 @@ from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import RedisSink
 from schema.catalog import View, graphql_fields
 from schema.settings import Settings
-from schema.storage import RETIRED, ChangeEvent, delta_table_path, key_of
+from schema.storage import RETIRED, ChangeEvent, delta_app_id, delta_table_path, key_of
 
 
 class ViewCommitter:
@@ -47,7 +47,7 @@ class ViewCommitter:
             delta_table_path(settings.delta_location, view.name, generation),
             view,
             schema,
-            app_id=f"viewgate:{view.name}:g{generation}",
+            app_id=delta_app_id(view.name, generation),
         )
 
     def commit(

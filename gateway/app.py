@@ -18,6 +18,7 @@ from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
 from gateway.limits import schema_extensions
 from gateway.reads import Reads
+from gateway.startup_check import check_against_delta
 from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
 from gateway.types import build_view_types, root_fields
 from schema.catalog import Catalog
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
                fast_path: bool = True) -> Starlette:
     settings = settings or get_settings()
     catalog = catalog or load_catalog(settings.catalog)
+    check_against_delta(catalog, settings.delta_location)
     redis_client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2)
     reads = Reads(catalog, settings)
     schema, types = build_schema(settings, redis_client, catalog, reads)

@@ -384,6 +384,11 @@ for _, op in ipairs(ops) do
     redis.call('ZREM', op.k, op.m)
   end
 end
+if (not seen) and batch == 0 then
+  -- The generation's first batch into a Redis without any of it: from here on Redis holds
+  -- every row of the generation (a flush loses this mark with the rest of the meta).
+  redis.call('HSET', meta, 'complete:g' .. gen, ARGV[1])
+end
 redis.call('HSET', meta, fence, ARGV[1])
 -- Every generation keeps its own copy of the meta fields ("name:g<gen>"), which a switch
 -- promotes; the plain fields describe the generation being served, so a rebuild still
@@ -470,6 +475,10 @@ WARM_ROWS_LUA = r"""
 -- a complete warm; ARGV[6] JSON list of ops (as APPLY_BATCH_LUA's).
 local meta = KEYS[1]
 local gen = ARGV[1]
+local live = redis.call('HGET', meta, 'generation')
+if live and tonumber(gen) < tonumber(live) then
+  return 0  -- a rebuild retired this generation meanwhile
+end
 local seen = redis.call('HGET', meta, 'version:g' .. gen) or ''
 if seen ~= ARGV[2] then
   return 0
@@ -486,7 +495,6 @@ for _, op in ipairs(cjson.decode(ARGV[6])) do
     redis.call('ZREM', op.k, op.m)
   end
 end
-local live = redis.call('HGET', meta, 'generation')
 if seen == '' and tonumber(ARGV[3]) >= 0 and ((not live) or live == gen) then
   -- Meta was lost with the rows: describe the snapshot the rows came from.
   redis.call('HSET', meta, 'version:g' .. gen, ARGV[3], 'generation', gen,

@@ -3,7 +3,6 @@ over fixed demo events into Redis (its own database) and Delta, then served by t
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 from collections.abc import Iterator
@@ -11,10 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 import redis
+from shop_views import catalog_on, expected_customers, produce, run_once
 from starlette.testclient import TestClient
-from test_engine import _expected_customers, _produce, _run_once
 
-from schema import demo
 from schema.catalog import Catalog
 from schema.settings import Settings
 from schema.storage import ViewMeta, meta_key
@@ -38,28 +36,26 @@ def gateway_shop(spark, settings: Settings, tmp_path_factory) -> Shop:
         "data_dir": tmp_path_factory.mktemp("gateway-shop"),
         "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/2",
     })
-    sources = [dataclasses.replace(s, topic=f"gateway-test.{s.topic}")
-               for s in demo.CATALOG.sources.values()]
-    catalog = Catalog.of(sources, demo.CATALOG.views.values())
+    catalog = catalog_on("gateway-test")
     topics = {s.name: s.topic for s in catalog.sources.values()}
     events = list(itertools.islice(generate(seed=11), 900))
     customers = [(topics["customers"], k, v) for t, k, v in events if t == "customers"]
     orders = [(topics["orders"], k, v) for t, k, v in events if t == "orders"]
     # Customers first, so every order finds its customer (stream-static join).
-    _produce(settings.kafka_bootstrap, customers)
-    _run_once(spark, settings, catalog)
-    _produce(settings.kafka_bootstrap, orders)
-    _run_once(spark, settings, catalog)
+    produce(settings.kafka_bootstrap, customers)
+    run_once(spark, settings, catalog)
+    produce(settings.kafka_bootstrap, orders)
+    run_once(spark, settings, catalog)
     versions = [order_version(settings)]
     # A second version of the Order view, for time travel: one order changes status.
-    latest = _expected_customers(orders)
+    latest = expected_customers(orders)
     key, old = next((k, r) for k, r in sorted(latest.items()) if r["status"] == "placed")
     new = dict(old, status="refunded")
-    _produce(settings.kafka_bootstrap, [(topics["orders"], key, json.dumps(new).encode())])
-    _run_once(spark, settings, catalog)
+    produce(settings.kafka_bootstrap, [(topics["orders"], key, json.dumps(new).encode())])
+    run_once(spark, settings, catalog)
     versions.append(order_version(settings))
     latest[key] = new
-    return Shop(settings, catalog, _expected_customers(customers), latest, topics, versions,
+    return Shop(settings, catalog, expected_customers(customers), latest, topics, versions,
                 (key, old))
 
 

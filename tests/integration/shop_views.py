@@ -14,6 +14,7 @@ import redis
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
+from engine.runner import start_all
 from schema import demo
 from schema.catalog import Catalog
 from schema.storage import decode_row, delta_table_path, row_key
@@ -42,6 +43,15 @@ def produce(bootstrap: str, records: list[Record]) -> None:
     for topic, key, value in records:
         producer.produce(topic, key=key, value=value)
     assert producer.flush(60) == 0
+
+
+def run_once(spark, settings, catalog) -> None:
+    """Every view's query over all there is now (Spark's availableNow), then stop."""
+    for query in start_all(spark, settings, catalog, available_now=True):
+        assert query.awaitTermination(300), f"{query.name} did not finish"
+        assert query.exception() is None, query.exception()
+    for listener_query in spark.streams.active:
+        listener_query.stop()
 
 
 def redis_rows(client: redis.Redis, view: str, generation: int = 0) -> dict[str, dict]:

@@ -24,12 +24,12 @@ from shop_views import (
     placed,
     produce,
     redis_rows,
+    run_once,
     ts,
 )
 
 from engine.analysis import analyse
 from engine.commit import ViewCommitter
-from engine.runner import start_all
 from schema import demo
 from schema.catalog import Catalog
 from schema.storage import (
@@ -94,14 +94,6 @@ SLIDING_SALES = dataclasses.replace(
 )
 
 
-def _run_once(spark, settings, catalog) -> None:
-    for query in start_all(spark, settings, catalog, available_now=True):
-        assert query.awaitTermination(300), f"{query.name} did not finish"
-        assert query.exception() is None, query.exception()
-    for listener_query in spark.streams.active:
-        listener_query.stop()
-
-
 @pytest.fixture(scope="module")
 def shop(spark, settings, tmp_path_factory):
     """Run the engine over seeded demo events in three rounds, as the tests below read."""
@@ -122,7 +114,7 @@ def shop(spark, settings, tmp_path_factory):
 
     # Round 1: customers, so that every order below finds its customer (stream-static join).
     produce(settings.kafka_bootstrap, customers)
-    _run_once(spark, settings, catalog)
+    run_once(spark, settings, catalog)
     # Round 2: orders, with bad records among them.
     produce(settings.kafka_bootstrap, orders[:700])
     produce(
@@ -130,7 +122,7 @@ def shop(spark, settings, tmp_path_factory):
         [(topics["orders"], f"bad{i}", v) for i, (v, _) in enumerate(BAD_ORDERS)],
     )
     produce(settings.kafka_bootstrap, orders[700:])
-    _run_once(spark, settings, catalog)
+    run_once(spark, settings, catalog)
     # Round 3: one event far behind the watermark: counted as late, not aggregated.
     newest = max(ts(json.loads(v)["ts"]) for _, _, v in orders if v)
     late = {
@@ -142,7 +134,7 @@ def shop(spark, settings, tmp_path_factory):
         "ts": (newest - datetime.timedelta(minutes=10)).isoformat(),
     }
     produce(settings.kafka_bootstrap, [(topics["orders"], "LATE1", json.dumps(late).encode())])
-    _run_once(spark, settings, catalog)
+    run_once(spark, settings, catalog)
 
     client = redis.Redis.from_url(settings.redis_url)
     yield {

@@ -73,7 +73,7 @@ def _stats_match(client: redis.Redis, orders, generation: int) -> bool:
 
 def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, settings, tmp_path):
     settings = settings.model_copy(
-        update={"data_dir": tmp_path, "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/2"}
+        update={"data_dir": tmp_path, "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/4"}
     )
     bootstrap = settings.kafka_bootstrap
     client = redis.Redis.from_url(settings.redis_url)
