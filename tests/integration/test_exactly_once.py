@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from shop_views import (
@@ -184,27 +184,30 @@ def _covered(client: redis.Redis, bootstrap: str, views: dict[str, str]) -> bool
     return True
 
 
-def _changes(bootstrap: str, view: str) -> list[ChangeEvent]:
+def _feed_ends(bootstrap: str, view: str) -> dict[int, int]:
+    """Where the view's change feed ends now; other tests' views share its topic."""
+    ends = {}
+    for partition, (_, high) in log_range(bootstrap, changefeed_topic(view)).items():
+        ends[partition] = high
+    return ends
+
+
+def _changes(bootstrap: str, view: str, since: dict[int, int]) -> list[ChangeEvent]:
+    """The view's change events from the offsets `since` to the end."""
     topic = changefeed_topic(view)
-    end = sum(high for _, high in log_range(bootstrap, topic).values())
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"kill-{view}",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    consumer.subscribe([topic])
+    wanted = {p: high - since.get(p, 0) for p, (_, high) in log_range(bootstrap, topic).items()}
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"kill-{view}"})
+    consumer.assign([TopicPartition(topic, p, since.get(p, 0)) for p in wanted])
     events: list[ChangeEvent] = []
     try:
         deadline = time.monotonic() + 60
-        while len(events) < end and time.monotonic() < deadline:
+        while len(events) < sum(wanted.values()) and time.monotonic() < deadline:
             message = consumer.poll(0.5)
             if message is not None and not message.error():
                 events.append(ChangeEvent.from_bytes(message.value()))
     finally:
         consumer.close()
-    assert len(events) == end, f"read {len(events)} of {end} change events of {view}"
+    assert len(events) == sum(wanted.values()), f"read {len(events)} of {view}'s changes"
     return events
 
 
@@ -217,6 +220,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     customers, orders = _events(3000)
     size = len(orders) // 5 + 1
     chunks = [orders[i : i + size] for i in range(0, len(orders), size)]
+    feed_start = {view: _feed_ends(bootstrap, view) for view in VIEWS}
 
     # Customers first, so every order's enrichment sees its customer's final row. The
     # stream-static join reads Customer's Delta table, the last sink of a commit.
@@ -273,7 +277,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
         # repeats, each key's versions rise, and its last change is what Redis holds.
         seen: dict[tuple[str, int], ChangeEvent] = {}
         last: dict[str, ChangeEvent] = {}
-        for event in _changes(bootstrap, view):
+        for event in _changes(bootstrap, view, feed_start[view]):
             first = seen.setdefault((event.key, event.version), event)
             assert (first.op, first.row) == (event.op, event.row), f"{view} {event.key}"
             if first is not event:
