@@ -17,15 +17,17 @@ META_COLUMNS = ("_kafka_key", "_raw", "_topic", "_partition", "_offset", "_tombs
 
 
 def read_kafka(spark: SparkSession, settings: Settings, topic: str) -> DataFrame:
-    return (
+    reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         # Compacted topics have offset gaps by design; a gap is not data loss here.
         .option("failOnDataLoss", "false")
-        .load()
     )
+    if settings.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+    return reader.load()
 
 
 def classify(raw: DataFrame, source: Source) -> DataFrame:
@@ -74,6 +76,11 @@ def _error(source: Source) -> Column:
 
 def valid_records(classified: DataFrame) -> DataFrame:
     return classified.filter(F.col("_error").isNull())
+
+
+def source_events(classified: DataFrame, source: Source) -> DataFrame:
+    """The valid, non-tombstone records as the source's columns: what aggregates read."""
+    return valid_records(classified).filter(~F.col("_tombstone")).select(*source_columns(source))
 
 
 def bad_records(classified: DataFrame) -> DataFrame:
