@@ -446,7 +446,7 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
             behind = _wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
             stop.set()
             observed = watcher.result(timeout_s=60)
-            live = {view_of_query(q.name): progress_dicts(q) for q in queries}
+            live = {view_of_query(q.name) or q.name: progress_dicts(q) for q in queries}
         finally:
             stop.set()
             for worker in workers:
@@ -487,13 +487,14 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
         "engine_freshness_samples": by_view[VIEW]["count"],
         "engine_freshness_rate_per_s": round(len(deliveries) / max(produced_s, 1e-3)),
         "engine_freshness_by_view": by_view,
+        # Per view, and per dead-letter query (by query name), all running at once.
         "engine_live_profile_ms": {
-            view: {
-                **profile(progress, timings.by_view.get(view, {})),
-                "trigger": triggers[view],
+            name: {
+                **profile(progress, timings.by_view.get(name, {})),
+                "trigger": triggers.get(name),
             }
-            for view, progress in live.items()
-            if view is not None and progress
+            for name, progress in live.items()
+            if progress
         },
     }
     ordered = {VIEW: samples.pop(VIEW), **samples}
