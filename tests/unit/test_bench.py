@@ -104,6 +104,19 @@ def test_throughput_leaves_out_the_warm_up_batch_and_empty_batches():
     assert result["batch_events_per_s"] == pytest.approx([100, 2000, 1000])
 
 
+def test_throughput_leaves_out_a_last_batch_of_leftovers():
+    progress = [
+        _progress(0, 1000, 10_000),
+        _progress(1, 1000, 1_000),
+        _progress(2, 1000, 1_000),
+        _progress(3, 10, 900),  # the remainder: nearly all fixed cost
+    ]
+    result = throughput(progress)
+    assert result["events_per_s"] == pytest.approx(1000)
+    assert result["batches"] == 2
+    assert result["input_events"] == 3010
+
+
 def test_throughput_needs_batches_after_the_warm_up():
     with pytest.raises(BenchError, match="batch"):
         throughput([_progress(0, 1000, 1000)])

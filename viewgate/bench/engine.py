@@ -80,17 +80,28 @@ def progress_dicts(query: Any) -> list[dict[str, Any]]:
     return [json.loads(p.json) for p in query.recentProgress]
 
 
+def steady_batches(progress: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The batches with input, less the first (warm-up) and a last one of leftovers."""
+    batches = [p for p in progress if p["numInputRows"] > 0]
+    steady = batches[1:]
+    largest = max((p["numInputRows"] for p in batches), default=0)
+    if steady and steady[-1]["numInputRows"] < largest / 2:
+        steady = steady[:-1]
+    return steady
+
+
 def throughput(progress: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Sustained events/s from a query's progress: the events of every batch with input
-    but the first (JIT, state store and Delta snapshot warm-up) over the sum of their
-    trigger durations; plus each batch's rate and the mean of each phase's duration."""
+    but the first (JIT, state store and Delta snapshot warm-up) and a last one holding
+    only the remainder (under half the largest batch: mostly fixed cost) over the sum of
+    their trigger durations; plus each batch's rate and the mean of each phase's duration."""
     batches = [p for p in progress if p["numInputRows"] > 0]
-    if len(batches) < 2:
+    steady = steady_batches(progress)
+    if not steady:
         raise BenchError(
             f"only {len(batches)} batch(es) had input: preload more events (--engine-events) "
             "or make batches smaller (--engine-batch)"
         )
-    steady = batches[1:]
     rows = sum(p["numInputRows"] for p in steady)
     ms = sum(p["durationMs"]["triggerExecution"] for p in steady)
     phases = sorted({k for p in steady for k in p["durationMs"]})
@@ -138,9 +149,7 @@ def profile(
 ) -> dict[str, float]:
     """Mean ms per batch of Spark's phases and of the commit's steps (batches with input,
     but the first). `compute_ms` is addBatch less the commit: running the view's plan."""
-    batches = [p for p in progress if p["numInputRows"] > 0][1:] or [
-        p for p in progress if p["numInputRows"] > 0
-    ]
+    batches = steady_batches(progress) or [p for p in progress if p["numInputRows"] > 0]
     if not batches:
         return {}
     out: dict[str, float] = {"batches": len(batches)}
