@@ -8,6 +8,7 @@ already happened are no-ops and the rest complete.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +24,8 @@ from engine.sinks.redis_sink import RedisSink
 from schema.catalog import View, graphql_fields
 from schema.settings import Settings
 from schema.storage import RETIRED, ChangeEvent, delta_app_id, delta_table_path, key_of
+
+log = logging.getLogger("viewgate.engine.commit")
 
 
 class ViewCommitter:
@@ -58,6 +61,7 @@ class ViewCommitter:
     ) -> int:
         """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows.
         Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
+        started = time.perf_counter()
         now_ms = int(time.time() * 1000)
         meta: dict[str, Any] = {"committed_at_ms": now_ms}
         covered = read_batch_offsets(self.checkpoint, batch_id) if self.checkpoint else None
@@ -69,6 +73,7 @@ class ViewCommitter:
         if status == RETIRED:
             return status  # readers moved to a rebuilt generation; the engine restarts us
         failpoint("after_redis", self.view.name)
+        redis_done = time.perf_counter()
         events = [
             ChangeEvent(self.view.name, k, "upsert", r, batch_id, self.generation, now_ms)
             for k, r in upserts.items()
@@ -78,6 +83,7 @@ class ViewCommitter:
         ]
         self.feed.publish(events)
         failpoint("after_changefeed", self.view.name)
+        feed_done = time.perf_counter()
         self.delta.merge(
             batch_id,
             rows,
@@ -92,4 +98,15 @@ class ViewCommitter:
             },
         )
         failpoint("after_delta", self.view.name)
+        if log.isEnabledFor(logging.DEBUG):
+            timings = {
+                "redis_ms": (redis_done - started) * 1000,
+                "feed_ms": (feed_done - redis_done) * 1000,
+                "delta_ms": (time.perf_counter() - feed_done) * 1000,
+            }
+            log.debug(
+                "%s batch %d: %d upserts, %d deletes; redis %.0f ms, feed %.0f ms, delta %.0f ms",
+                self.view.name, batch_id, len(upserts), len(deletes), *timings.values(),
+                extra={"view": self.view.name, "batch_id": batch_id, "timings": timings},
+            )
         return status

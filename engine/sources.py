@@ -19,7 +19,8 @@ META_COLUMNS = ("_kafka_key", "_raw", "_topic", "_partition", "_offset", "_tombs
 def read_kafka(
     spark: SparkSession, settings: Settings, topic: str, max_offsets: int | None = None
 ) -> DataFrame:
-    """The topic from its earliest retained offset; `max_offsets` caps each batch."""
+    """The topic from its earliest retained offset; `max_offsets` (default: the setting
+    max_offsets_per_trigger) caps each batch."""
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
@@ -28,6 +29,7 @@ def read_kafka(
         # Compacted topics have offset gaps by design; a gap is not data loss here.
         .option("failOnDataLoss", "false")
     )
+    max_offsets = max_offsets or settings.max_offsets_per_trigger
     if max_offsets:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
     return reader.load()
@@ -79,6 +81,11 @@ def _error(source: Source) -> Column:
 
 def valid_records(classified: DataFrame) -> DataFrame:
     return classified.filter(F.col("_error").isNull())
+
+
+def source_events(classified: DataFrame, source: Source) -> DataFrame:
+    """The valid, non-tombstone records as the source's columns: what aggregates read."""
+    return valid_records(classified).filter(~F.col("_tombstone")).select(*source_columns(source))
 
 
 def bad_records(classified: DataFrame) -> DataFrame:

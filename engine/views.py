@@ -16,7 +16,14 @@ from pyspark.sql.types import StructType
 from engine.analysis import SQL_LOCK
 from engine.commit import ViewCommitter
 from engine.deadletter import DeadLetterWriter
-from engine.sources import bad_records, classify, read_kafka, source_columns, valid_records
+from engine.sources import (
+    bad_records,
+    classify,
+    read_kafka,
+    source_columns,
+    source_events,
+    valid_records,
+)
 from schema.catalog import Catalog, Source, View, ViewKind
 from schema.settings import Settings
 from schema.storage import delta_table_path, read_current_generation
@@ -73,9 +80,7 @@ def start_view_query(
             _upsert_batch(settings, view, source, committer)
         )
     else:
-        events = (
-            valid_records(classified).filter(~F.col("_tombstone")).select(*source_columns(source))
-        )
+        events = source_events(classified, source)
         # The watermark bounds window state; a plain GROUP BY keeps every group anyway.
         if view.kind is ViewKind.WINDOW and source.event_time and source.watermark:
             events = events.withWatermark(source.event_time, source.watermark)

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
         description="Comma-separated jar paths for Spark (Kafka connector, Delta). "
         "Default: the jars `viewgate setup` resolved into <cache_dir>/jars/spark.",
     )
+    max_offsets_per_trigger: int | None = Field(
+        None,
+        description="Most Kafka records one micro-batch of a query reads (Spark's "
+        "maxOffsetsPerTrigger), so catching up on a backlog runs in bounded batches. "
+        "Default: no limit.",
+    )
     spark_conf: dict[str, str] = Field(
         default_factory=dict,
         description='Extra Spark configuration as JSON, e.g. {"spark.executor.memory": "4g"}.',

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from schema.settings import Settings, get_settings
+from viewgate.bench.command import bench
 from viewgate.stack.errors import StackError
 
 app = typer.Typer(help="viewgate: GraphQL over streaming materialized views.", no_args_is_help=True)
@@ -15,6 +16,7 @@ kafka_app = typer.Typer(help="A local single-node Kafka broker (KRaft).", no_arg
 redis_app = typer.Typer(help="A local Redis server.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(redis_app, name="redis")
+app.command()(bench)
 console = Console()
 
 

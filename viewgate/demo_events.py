@@ -9,10 +9,12 @@ times. The same seed gives the same events. `produce` sends them to Kafka at a r
 from __future__ import annotations
 
 import datetime
+import itertools
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -65,11 +67,13 @@ def generate(
     start: datetime.datetime = DEFAULT_START,
     tick_s: float = 0.01,
     clock: Callable[[], datetime.datetime] | None = None,
+    first_order: int = 1,
 ) -> Iterator[Event]:
     """Yield demo events forever (slice with itertools.islice).
 
     Event time advances `tick_s` per event from `start`, so the stream is reproducible;
-    pass `clock` (e.g. the wall clock) to stamp events with real time instead.
+    pass `clock` (e.g. the wall clock) to stamp events with real time instead. Order ids
+    count up from `first_order`, so several generators can write distinct orders.
     """
     rng = random.Random(seed)
     step = 0
@@ -83,8 +87,11 @@ def generate(
     customer_rows: dict[str, dict[str, object]] = {}
     open_orders: list[_Order] = []  # placed or paid: may still change status
     cancelled: list[str] = []  # may be deleted later
-    next_order = 1
-    product_weights = [1.0 / (i + 1) for i in range(products)]  # a few best sellers
+    next_order = first_order
+    # A few best sellers. Cumulative weights, computed once: random.choices would sum the
+    # weights on every call (the same numbers, so the same picks, only slower).
+    product_cum = list(itertools.accumulate(1.0 / (i + 1) for i in range(products)))
+    buyers: tuple[list[str], list[float]] | None = None  # ids, cumulative activity; None: stale
 
     def new_customer() -> Event:
         customer_id = f"C{len(customer_rows) + 1:05d}"
@@ -113,11 +120,15 @@ def generate(
             event = ORDERS_TOPIC, order_id, None
         elif roll < 0.345:
             event = _tier_change(rng, customer_rows, tiers)
+            buyers = None
         elif roll < 0.35:
             event = new_customer()
+            buyers = None
         else:
-            ids = list(tiers)
-            customer_id = rng.choices(ids, [_TIER_ACTIVITY[tiers[c]] for c in ids])[0]
+            if buyers is None:
+                ids = list(tiers)
+                buyers = ids, list(itertools.accumulate(_TIER_ACTIVITY[tiers[c]] for c in ids))
+            customer_id = rng.choices(buyers[0], cum_weights=buyers[1])[0]
             ts = now()
             kind = rng.random()
             if kind < 0.01:
@@ -127,7 +138,7 @@ def generate(
             order = _Order(
                 order_id=f"O{next_order:08d}",
                 customer_id=customer_id,
-                product_id=f"P{rng.choices(range(products), product_weights)[0] + 1:04d}",
+                product_id=f"P{rng.choices(range(products), cum_weights=product_cum)[0] + 1:04d}",
                 amount=round(min(rng.lognormvariate(3.3, 0.8), 5_000.0), 2),
                 status="placed",
                 ts=_iso(ts),
@@ -169,18 +180,32 @@ def _tier_change(rng: random.Random, customer_rows: dict[str, dict[str, object]]
     return CUSTOMERS_TOPIC, customer_id, _json(customer_rows[customer_id])
 
 
+def send(producer: Any, topic: str, key: str, value: bytes | None, on_delivery=None) -> None:
+    """Produce one event, waiting for room when the producer's local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery)
+            return
+        except BufferError:  # local queue full: let deliveries drain
+            producer.poll(0.1)
+
+
 def produce(
     bootstrap: str,
     rate: float = 100.0,
     seed: int = 0,
     count: int | None = None,
     duration: float | None = None,
+    topics: Mapping[str, str] | None = None,
+    observe: Callable[[Any], None] | None = None,
 ) -> int:
     """Send demo events to Kafka at about `rate` events/s; stop after `count` events or
     `duration` seconds (whichever comes first; neither: run until interrupted).
 
-    Events are stamped with the wall clock. Returns the number of events delivered;
-    raises RuntimeError if any delivery failed.
+    Events are stamped with the wall clock. `topics` renames topics (e.g. {"orders":
+    "bench.orders"}); `observe` is called with every delivered message (its topic,
+    partition, offset and timestamp). Returns the number of events delivered; raises
+    RuntimeError if any delivery failed.
     """
     from confluent_kafka import Producer  # only this function needs Kafka
 
@@ -194,12 +219,14 @@ def produce(
     failures: list[str] = []
     delivered = 0
 
-    def on_delivery(err: object, _msg: object) -> None:
+    def on_delivery(err: object, msg: Any) -> None:
         nonlocal delivered
         if err is not None:
             failures.append(str(err))
         else:
             delivered += 1
+            if observe is not None:
+                observe(msg)
 
     events = generate(seed, clock=lambda: datetime.datetime.now(datetime.UTC))
     started = time.monotonic()
@@ -213,13 +240,7 @@ def produce(
             if ahead > 0:
                 time.sleep(ahead)
             topic, key, value = next(events)
-            while True:
-                try:
-                    producer.produce(topic, key=key.encode(), value=value,
-                                     on_delivery=on_delivery)
-                    break
-                except BufferError:  # local queue full: let deliveries drain
-                    producer.poll(0.1)
+            send(producer, (topics or {}).get(topic, topic), key, value, on_delivery)
             sent += 1
             producer.poll(0)
     finally:

@@ -34,6 +34,11 @@ class DeltaSink:
         self, session: SparkSession, path: str, view: View, schema: StructType, app_id: str
     ):
         self.session = session
+        # The MERGE source is a local collection of the batch's rows: deterministic, so
+        # Delta need not materialize it first (one Spark job less), and small, so adaptive
+        # execution would only split each MERGE phase into a job per stage (12 jobs -> 5).
+        session.conf.set("spark.databricks.delta.merge.materializeSource", "none")
+        session.conf.set("spark.sql.adaptive.enabled", "false")
         self.path = path
         self.view = view
         self.schema = schema

@@ -1,0 +1,184 @@
+"""The pure parts of `viewgate bench`: statistics, the results file, the engine group's
+arithmetic over Spark progress and over what the freshness watcher saw, and the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from viewgate.bench import results
+from viewgate.bench.engine import FIGURES, profile, throughput, visibility_ms
+from viewgate.bench.report import Figure, Plot, save_plot, table_rows
+from viewgate.bench.runner import MODES, BenchError, select_groups, sizes_for
+from viewgate.bench.stats import distribution, percentile
+
+
+def test_percentile_interpolates_like_numpy_linear():
+    values = list(range(1, 101))  # 1..100
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile(values, 0) == 1
+    assert percentile(values, 100) == 100
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([3, 1, 2], 50) == 2  # order of the samples does not matter
+
+
+def test_percentile_rejects_nonsense():
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_distribution_summarises_samples():
+    summary = distribution([10.0, 20.0, 30.0, 40.0])
+    assert summary["count"] == 4
+    assert summary["mean"] == 25.0
+    assert summary["p50"] == 25.0
+    assert summary["max"] == 40.0
+
+
+def test_merge_keeps_groups_not_run_and_drops_stale_keys_of_groups_run():
+    previous = {
+        "cpu_cores": 8,
+        "mode": "full",
+        "gateway_rps": 900,
+        "engine_events_per_s": 10,
+        "engine_old_figure": 1,
+        "groups": {
+            "gateway": {"mode": "full", "keys": ["gateway_rps"]},
+            "engine": {"mode": "full", "keys": ["engine_events_per_s", "engine_old_figure"]},
+        },
+    }
+    meta = {"cpu_cores": 2, "mode": "quick"}
+    merged = results.merge(
+        previous, meta, {"engine": ({"engine_events_per_s": 25_000}, {"mode": "quick"})}
+    )
+    assert merged["gateway_rps"] == 900  # another group's figure survives
+    assert merged["engine_events_per_s"] == 25_000
+    assert "engine_old_figure" not in merged  # the engine group no longer reports it
+    assert merged["cpu_cores"] == 2 and merged["mode"] == "quick"
+    assert merged["groups"]["gateway"] == previous["groups"]["gateway"]
+    assert merged["groups"]["engine"] == {"mode": "quick", "keys": ["engine_events_per_s"]}
+
+
+def test_results_file_round_trip_and_broken_file(tmp_path):
+    path = tmp_path / "bench" / "results.json"
+    assert results.load(path) == {}
+    results.write(path, {"a": 1})
+    assert results.load(path) == {"a": 1}
+    path.write_text("{half")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        results.load(path)
+
+
+def test_run_meta_names_the_machine_and_versions():
+    meta = results.run_meta("quick")
+    assert meta["cpu_cores"] >= 1
+    assert meta["mode"] == "quick"
+    for key in ("python_version", "spark_version", "strawberry_version", "timestamp"):
+        assert meta[key]
+
+
+def _progress(batch_id: int, rows: int, trigger_ms: int, **phases: int) -> dict:
+    return {
+        "batchId": batch_id,
+        "numInputRows": rows,
+        "durationMs": {"triggerExecution": trigger_ms, **phases},
+    }
+
+
+def test_throughput_leaves_out_the_warm_up_batch_and_empty_batches():
+    progress = [
+        _progress(0, 1000, 10_000, addBatch=9_000),  # warm-up
+        _progress(1, 2000, 1_000, addBatch=800),
+        _progress(2, 0, 5),  # no input: not a batch of work
+        _progress(3, 1000, 1_000, addBatch=600),
+    ]
+    result = throughput(progress)
+    assert result["events_per_s"] == pytest.approx(3000 / 2.0)
+    assert result["input_events"] == 4000
+    assert result["batches"] == 2
+    assert result["phase_ms"]["addBatch"] == pytest.approx(700)
+    assert result["batch_events_per_s"] == pytest.approx([100, 2000, 1000])
+
+
+def test_throughput_leaves_out_a_last_batch_of_leftovers():
+    progress = [
+        _progress(0, 1000, 10_000),
+        _progress(1, 1000, 1_000),
+        _progress(2, 1000, 1_000),
+        _progress(3, 10, 900),  # the remainder: nearly all fixed cost
+    ]
+    result = throughput(progress)
+    assert result["events_per_s"] == pytest.approx(1000)
+    assert result["batches"] == 2
+    assert result["input_events"] == 3010
+
+
+def test_throughput_needs_batches_after_the_warm_up():
+    with pytest.raises(BenchError, match="batch"):
+        throughput([_progress(0, 1000, 1000)])
+
+
+def test_profile_splits_the_batch_into_compute_and_commit_steps():
+    progress = [_progress(0, 10, 5000, addBatch=4000), _progress(1, 10, 1000, addBatch=900)]
+    commits = {1: {"redis_ms": 10.0, "feed_ms": 20.0, "delta_ms": 500.0}}
+    out = profile(progress, commits)
+    assert out["batches"] == 1
+    assert out["triggerExecution_ms"] == 1000
+    assert out["compute_ms"] == pytest.approx(370)
+
+
+def test_visibility_maps_each_event_to_the_first_batch_past_its_offset():
+    offsets = {
+        0: {"t": {"0": 5, "1": 3}},
+        1: {"t": {"0": 9, "1": 3}},
+        2: {"t": {"0": 12, "1": 8}},
+    }
+    seen = [(0, 1000.0), (2, 3000.0)]  # the watcher missed version 1
+    deliveries = [
+        ("t", 0, 4, 900, True),  # batch 0, seen at 1000
+        ("t", 0, 5, 1500, True),  # batch 1, not seen itself: version 2 at 3000
+        ("t", 1, 7, 2000, True),  # batch 2
+        ("t", 0, 12, 2500, True),  # past every batch: unresolved
+    ]
+    latencies, unresolved = visibility_ms(deliveries, seen, offsets)
+    assert latencies == [100.0, 1500.0, 1000.0]
+    assert unresolved == 1
+
+
+def test_figures_and_verdicts():
+    assert Figure("x", "x", at_least=10).verdict(10) == "met"
+    assert Figure("x", "x", below=500).verdict(500) == "missed"
+    assert Figure("x", "x").verdict(3) == ""
+    group = select_groups(["engine"])[0]
+    rows = table_rows({"engine_events_per_s": 25_000.0}, [group])
+    assert rows == [("engine_events_per_s", "25,000", "events/s", ">= 20,000", "met")]
+    assert {f.key for f in FIGURES} >= {
+        "engine_events_per_s",
+        "engine_noop_events_per_s",
+        "engine_freshness_p50_ms",
+        "engine_freshness_p99_ms",
+    }
+
+
+def test_groups_and_sizes():
+    with pytest.raises(BenchError, match="unknown benchmark group"):
+        select_groups(["engine", "nope"])
+    assert [g.name for g in select_groups(None)] == ["engine"]
+    assert sizes_for("quick", {"engine_events": 10, "engine_batch": None}).engine_events == 10
+    assert sizes_for("full").engine_events == MODES["full"].engine_events
+    with pytest.raises(BenchError):
+        sizes_for("slow")
+
+
+def test_plots_are_png_files(tmp_path):
+    latency = save_plot(Plot("l.png", "latency", {"a": [1.0, 2.0, 3.0], "b": [2.0]}), tmp_path)
+    series = save_plot(
+        Plot("s.png", "series", {"a": [1.0, 2.0]}, kind="series", ylabel="events/s"), tmp_path
+    )
+    for path in (latency, series):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    json.dumps(MODES["quick"].__dict__)  # sizes are recorded in results.json

@@ -1,0 +1,57 @@
+"""`viewgate bench`: the typer command (registered by viewgate.cli); imports stay light."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+OutOption = typer.Option(Path("bench"), help="Folder of results.json and the plots.")
+
+
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="Quick mode, the default: under 3 min."),
+    full: bool = typer.Option(False, "--full", help="Full mode: longer runs, under 15 min."),
+    only: str = typer.Option(
+        None, "--only", help="Comma-separated groups to run (default: all of them): engine."
+    ),
+    out: Path = OutOption,
+    engine_events: int = typer.Option(None, help="Order events per throughput run."),
+    engine_batch: int = typer.Option(None, help="Events per batch (maxOffsetsPerTrigger)."),
+    freshness_rate: float = typer.Option(None, help="Events/s while measuring freshness."),
+    freshness_seconds: float = typer.Option(None, help="How long to produce for freshness."),
+    freshness_warmup: float = typer.Option(None, help="Seconds of events not counted first."),
+) -> None:
+    """Measure viewgate on this machine: start Kafka and Redis of its own, run each group,
+    merge the figures into <out>/results.json, print a table and save PNG plots."""
+    from rich.console import Console
+
+    from schema.settings import get_settings
+    from viewgate.bench.runner import BenchError, run_bench
+    from viewgate.bench.workers import WorkerError
+    from viewgate.stack.errors import StackError
+
+    console = Console()
+    if quick and full:
+        console.print("[red]error:[/red] choose --quick or --full, not both")
+        raise typer.Exit(2)
+    overrides = {
+        "engine_events": engine_events,
+        "engine_batch": engine_batch,
+        "freshness_rate": freshness_rate,
+        "freshness_s": freshness_seconds,
+        "freshness_warmup_s": freshness_warmup,
+    }
+    groups = [g.strip() for g in only.split(",") if g.strip()] if only else None
+    try:
+        run_bench(
+            get_settings(),
+            only=groups,
+            mode="full" if full else "quick",
+            overrides=overrides,
+            out_dir=out,
+            console=console,
+        )
+    except (BenchError, StackError, WorkerError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None

@@ -1,0 +1,271 @@
+"""Run benchmark groups against services started for the run, and record their figures.
+
+A group is one module with a `GROUP` (see engine.py): its name, the figures it reports
+(with goals, for the table) and a `run(ctx)` that measures and returns a GroupResult.
+The runner starts Kafka and Redis on free ports in a temporary folder, builds Spark only
+if a group asks for it, stops everything it started at the end (also on an error, Ctrl-C
+or SIGTERM), merges the figures into <out>/results.json, prints the table and saves the
+plots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from schema.settings import Settings
+from viewgate.bench import results
+from viewgate.bench.report import Figure, Plot, print_table, save_plot
+from viewgate.stack.kafka import KafkaBroker
+from viewgate.stack.process import free_port
+from viewgate.stack.redis_server import RedisServer
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each measurement does; the modes below, overridable per option."""
+
+    engine_events: int  # order events preloaded for the throughput runs
+    engine_batch: int  # maxOffsetsPerTrigger of the throughput runs
+    freshness_rate: float  # demo events per second while freshness is measured
+    freshness_s: float  # how long the producer writes at that rate
+    freshness_warmup_s: float  # events produced in the first seconds are not counted
+
+
+MODES: dict[str, Sizes] = {
+    # A batch of 20,000 events is one second of input at the engine's goal rate, with the
+    # views' one-second trigger: sustaining the goal means finishing such a batch in 1 s.
+    "quick": Sizes(
+        engine_events=100_000,
+        engine_batch=20_000,
+        freshness_rate=500,
+        freshness_s=12,
+        freshness_warmup_s=3,
+    ),
+    "full": Sizes(
+        engine_events=1_200_000,
+        engine_batch=20_000,
+        freshness_rate=1000,
+        freshness_s=60,
+        freshness_warmup_s=5,
+    ),
+}
+
+
+# A full run of the slowest group takes well under this; past it, something hangs.
+_GROUP_TIMEOUT_S = 40 * 60
+
+
+class BenchError(RuntimeError):
+    """A measurement could not be taken or its run was wrong (then it is not reported)."""
+
+
+@dataclass
+class GroupResult:
+    figures: dict[str, Any]
+    plots: list[Plot] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    description: str
+    figures: tuple[Figure, ...]
+    run: Callable[[BenchContext], GroupResult]
+
+
+@dataclass
+class BenchContext:
+    """What a group gets: settings pointing at the run's services, the sizes, a work
+    folder, a way to talk, and a SparkSession built on first use."""
+
+    settings: Settings
+    sizes: Sizes
+    workdir: Path
+    say: Say = print
+    next_redis_db: int = 1  # isolated() hands out Redis databases from here on
+    spark_session: Any = None  # built on first use of spark(), or given
+
+    def spark(self):
+        if self.spark_session is None:
+            from engine.spark import build_spark
+
+            self.say("starting Spark")
+            self.spark_session = build_spark(self.settings, app_name="viewgate-bench")
+        return self.spark_session
+
+    def isolated(self, name: str, **updates: Any) -> Settings:
+        """Settings with a data folder and an emptied Redis database of their own, so two
+        measurements of the same view never see each other's rows or checkpoints."""
+        import redis
+
+        db, self.next_redis_db = self.next_redis_db, self.next_redis_db + 1
+        if db > 15:
+            raise BenchError("more isolated measurements than Redis has databases (15)")
+        url = f"{self.settings.redis_url.rsplit('/', 1)[0]}/{db}"
+        client = redis.Redis.from_url(url)
+        try:
+            client.flushdb()
+        finally:
+            client.close()
+        return self.settings.model_copy(
+            update={"data_dir": self.workdir / name, "redis_url": url, **updates}
+        )
+
+    def close(self) -> None:
+        if self.spark_session is not None:
+            self.spark_session.stop()
+            self.spark_session = None
+
+
+def run_in_child(name: str, settings: Settings, sizes: Sizes, workdir: Path) -> GroupResult:
+    """Run a group in this (worker) process: its SparkSession, Kafka clients and threads
+    end with the process, before the runner stops the services they talk to."""
+    ctx = BenchContext(settings, sizes, workdir, say=lambda text: print(text, flush=True))
+    try:
+        return all_groups()[name].run(ctx)
+    finally:
+        ctx.close()
+
+
+def all_groups() -> dict[str, Group]:
+    from viewgate.bench import engine
+
+    return {g.name: g for g in (engine.GROUP,)}
+
+
+def select_groups(only: Sequence[str] | None) -> list[Group]:
+    groups = all_groups()
+    if not only:
+        return list(groups.values())
+    unknown = [name for name in only if name not in groups]
+    if unknown:
+        raise BenchError(
+            f"unknown benchmark group(s) {', '.join(unknown)}; choose from {', '.join(groups)}"
+        )
+    return [groups[name] for name in dict.fromkeys(only)]
+
+
+def sizes_for(mode: str, overrides: Mapping[str, Any] | None = None) -> Sizes:
+    if mode not in MODES:
+        raise BenchError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return replace(MODES[mode], **given)
+
+
+@contextlib.contextmanager
+def bench_stack(base: Settings, workdir: Path, say: Say) -> Iterator[Settings]:
+    """Kafka and Redis on free ports under `workdir`, stopped on the way out."""
+    kafka = KafkaBroker(workdir / "kafka", free_port(), base.jar_dir / "kafka")
+    redis = RedisServer(workdir / "redis", free_port())
+    with contextlib.ExitStack() as stack:
+        say("starting Kafka and Redis")
+        kafka.start(timeout_s=base.startup_timeout_s)
+        stack.callback(kafka.stop)
+        redis.start(timeout_s=base.startup_timeout_s)
+        stack.callback(redis.stop)
+        say(f"kafka {kafka.bootstrap} (pid {kafka.process.pid}), redis {redis.url}")
+        yield base.model_copy(
+            update={
+                "kafka_bootstrap": kafka.bootstrap,
+                "redis_url": redis.url,
+                "data_dir": workdir / "data",
+                "delta_root": None,
+                "checkpoint_root": None,
+            }
+        )
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so every finally block runs."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    def handler(signum: int, _frame: object) -> None:
+        raise _Terminated(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_group(
+    group: Group, settings: Settings, sizes: Sizes, workdir: Path, mode: str, out_dir: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one group in a process of its own and save its plots:
+    (its figures, its record for results.json)."""
+    from viewgate.bench.workers import Worker
+
+    load_before, started = results.load_average(), time.monotonic()
+    worker = Worker(
+        f"bench group {group.name}",
+        run_in_child,
+        group.name,
+        settings,
+        sizes,
+        workdir / group.name,
+        daemon=False,  # it starts load generators of its own
+    )
+    try:
+        outcome: GroupResult = worker.result(timeout_s=_GROUP_TIMEOUT_S)
+    finally:
+        worker.stop()
+    for plot in outcome.plots:
+        save_plot(plot, out_dir)
+    record = {
+        "mode": mode,
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "seconds": round(time.monotonic() - started, 1),
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": results.load_average(),
+        "sizes": vars(sizes),
+        "plots": [str(out_dir / p.filename) for p in outcome.plots],
+    }
+    return outcome.figures, record
+
+
+def run_bench(
+    base: Settings,
+    *,
+    only: Sequence[str] | None = None,
+    mode: str = "quick",
+    overrides: Mapping[str, Any] | None = None,
+    out_dir: Path = Path("bench"),
+    console: Any = None,
+) -> dict[str, Any]:
+    """Start the services, run the groups, merge into <out_dir>/results.json and print
+    the table. Groups that finished are written even when a later one fails."""
+    groups = select_groups(only)
+    sizes = sizes_for(mode, overrides)
+    say: Say = console.print if console is not None else print
+    meta = results.run_meta(mode)
+    done: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    path = out_dir / "results.json"
+    previous = results.load(path)  # fail on a broken file before measuring anything
+    merged: dict[str, Any] = previous
+    with _sigterm_raises(), tempfile.TemporaryDirectory(prefix="viewgate-bench-") as tmp:
+        workdir = Path(tmp)
+        try:
+            with bench_stack(base, workdir, say) as settings:
+                for group in groups:
+                    say(f"{group.name} group: {group.description}")
+                    done[group.name] = run_group(group, settings, sizes, workdir, mode, out_dir)
+        finally:
+            if done:
+                merged = results.merge(previous, meta, done)
+                results.write(path, merged)
+                say(f"wrote {path}")
+    print_table(console, merged, [g for g in groups if g.name in done])
+    return merged
