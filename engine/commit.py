@@ -13,9 +13,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import SparkSession
-from pyspark.sql.types import StructType
-
 from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
 from engine.sinks.changefeed import ChangeFeed
@@ -31,10 +28,8 @@ log = logging.getLogger("viewgate.engine.commit")
 class ViewCommitter:
     def __init__(
         self,
-        session: SparkSession,
         settings: Settings,
         view: View,
-        schema: StructType,
         generation: int,
         delete_on: Sequence[str] = (),
         checkpoint: str | None = None,
@@ -46,10 +41,8 @@ class ViewCommitter:
         self.redis = RedisSink(settings.redis_url, view, graphql_fields(view))
         self.feed = ChangeFeed(settings.kafka_bootstrap, view.name)
         self.delta = DeltaSink(
-            session,
             delta_table_path(settings.delta_location, view.name, generation),
             view,
-            schema,
             app_id=delta_app_id(view.name, generation),
         )
 

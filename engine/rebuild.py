@@ -138,7 +138,6 @@ def rebuild_view(
                     settings,
                     catalog,
                     view,
-                    schema,
                     new,
                     available_now=True,
                     max_offsets=batch_offsets,

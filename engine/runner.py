@@ -71,7 +71,6 @@ class Engine:
         self.settings = settings
         self.catalog = catalog
         self.available_now = available_now
-        self.schemas: dict[str, StructType] = {}
         self.generations: dict[str, int] = {}
         self.view_queries: dict[str, StreamingQuery] = {}
         self.other_queries: list[StreamingQuery] = []
@@ -81,8 +80,7 @@ class Engine:
         return [*self.other_queries, *self.view_queries.values()]
 
     def start(self) -> list[StreamingQuery]:
-        for name, (schema, generation) in prepare(self.spark, self.settings, self.catalog).items():
-            self.schemas[name] = schema
+        for name, (_, generation) in prepare(self.spark, self.settings, self.catalog).items():
             self.generations[name] = generation
         record_progress(self.spark, self.settings.redis_url)
         self.other_queries = [
@@ -102,7 +100,6 @@ class Engine:
             self.settings,
             self.catalog,
             self.catalog.view(name),
-            self.schemas[name],
             self.generations[name],
             available_now=self.available_now,
         )

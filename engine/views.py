@@ -11,7 +11,6 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import StructType
 
 from engine.analysis import SQL_LOCK
 from engine.commit import ViewCommitter
@@ -61,7 +60,6 @@ def start_view_query(
     settings: Settings,
     catalog: Catalog,
     view: View,
-    schema: StructType,
     generation: int,
     *,
     available_now: bool = False,
@@ -72,9 +70,7 @@ def start_view_query(
     # Only upsert views delete, by the source key a tombstone carries.
     delete_on = (source.key,) if view.kind is ViewKind.UPSERT else view.key
     checkpoint = checkpoint_path(settings, view, generation)
-    committer = ViewCommitter(
-        spark.newSession(), settings, view, schema, generation, delete_on, checkpoint
-    )
+    committer = ViewCommitter(settings, view, generation, delete_on, checkpoint)
     if view.kind is ViewKind.UPSERT:
         writer = valid_records(classified).writeStream.foreachBatch(
             _upsert_batch(settings, view, source, committer)

@@ -130,8 +130,8 @@ class DeltaStore:
     def read(self, view: View, conditions: Sequence[Condition] = (),
              keys: Sequence[str] | None = None,
              as_of: AsOf | None = None) -> tuple[list[dict[str, Any]], Snapshot]:
-        """Rows meeting `conditions` (pushed down to prune files; the caller re-checks
-        them exactly), or with the given keys; at `as_of` or the latest version."""
+        """Rows meeting `conditions` (the caller re-checks them exactly), or with the
+        given keys; at `as_of` or the latest version."""
         with self._lock:  # one DeltaTable object per table, shared: update it alone
             table, generation = (self._at(view.name, as_of) if as_of is not None
                                  else self._latest(view.name))
@@ -142,7 +142,12 @@ class DeltaStore:
         for c in conditions:
             part = _condition_expression(c, schema)
             expression = part if expression is None else expression & part
-        data = dataset.to_table(filter=expression)
+        # Filtered after the scan, not pushed into it: the engine's MERGEs run in delta-rs,
+        # which writes strings as string_view, and pyarrow's filter kernels cannot compare
+        # those within a scan (delta-io/delta-rs#4579); the scan casts them to string.
+        data = dataset.to_table()
+        if expression is not None:
+            data = data.filter(expression)
         rows = [orjson.loads(encode_row(r)) for r in data.to_pylist()]
         if keys is not None:
             wanted = set(keys)

@@ -8,6 +8,8 @@ import dataclasses
 import datetime
 import json
 import os
+import time
+from collections.abc import Callable
 
 import pandas as pd
 import redis
@@ -32,6 +34,17 @@ def catalog_on(prefix: str) -> Catalog:
 
 # For an engine started as a subprocess: `--catalog shop_views:PREFIXED_CATALOG`.
 PREFIXED_CATALOG = catalog_on(os.environ.get("SHOP_TOPIC_PREFIX", "unset"))
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> object:
+    """Poll `condition` until it is truthy (returned) or the deadline passes (fail)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def produce(bootstrap: str, records: list[Record]) -> None:

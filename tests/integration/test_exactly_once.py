@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ from shop_views import (
     redis_rows,
     ts,
     view_mismatches,
+    wait_until,
 )
 
 from engine.rebuild import log_range
@@ -42,16 +43,6 @@ pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
 PREFIX = "kill"
 VIEWS = ("Customer", "Order", "CustomerStats", "ProductSales")
-
-
-def _wait(condition: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def _group_gone(pgid: int) -> bool:
@@ -118,7 +109,7 @@ class EngineProcess:
 
     def _reap(self) -> None:
         assert self.process is not None
-        _wait(lambda: _group_gone(self.process.pid), 60, "the engine's JVM to exit")
+        wait_until(lambda: _group_gone(self.process.pid), 60, "the engine's JVM to exit")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -227,7 +218,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     produce(bootstrap, customers)
     engine.start()
     want_customers = len(expected_customers(customers))
-    _wait(
+    wait_until(
         lambda: _delta_rows(settings, "Customer") == want_customers,
         180,
         "the customers to be in Delta",
@@ -249,7 +240,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     produce(bootstrap, chunks[3])
     before = ViewMeta.from_fields(client.hgetall(meta_key("CustomerStats"))).version
     engine.start()
-    _wait(
+    wait_until(
         lambda: ViewMeta.from_fields(client.hgetall(meta_key("CustomerStats"))).version > before,
         180,
         "a CustomerStats commit",
@@ -259,7 +250,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     # The last run completes everything.
     produce(bootstrap, chunks[4])
     engine.start()
-    _wait(lambda: _covered(client, bootstrap, source_topic), 240, "every view to catch up")
+    wait_until(lambda: _covered(client, bootstrap, source_topic), 240, "every view to catch up")
 
     assert view_mismatches(client, customers, orders) == []
 

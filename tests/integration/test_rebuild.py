@@ -8,12 +8,17 @@ import itertools
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import pytest
 import redis
-from shop_views import catalog_on, delta_frame, expected_customer_stats, produce, redis_rows
+from shop_views import (
+    catalog_on,
+    delta_frame,
+    expected_customer_stats,
+    produce,
+    redis_rows,
+    wait_until,
+)
 
 from engine.rebuild import log_range, rebuild_view
 from engine.runner import Engine
@@ -31,14 +36,6 @@ from viewgate.demo_events import generate
 pytestmark = pytest.mark.integration
 
 PREFIX = "rebuild"
-
-
-def _wait(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _meta(client: redis.Redis, view: str) -> ViewMeta:
@@ -87,7 +84,9 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
     engine = Engine(spark, settings, catalog)
     engine.start()
     try:
-        _wait(lambda: _caught_up(client, bootstrap, "CustomerStats", topic), 180, "the live view")
+        wait_until(
+            lambda: _caught_up(client, bootstrap, "CustomerStats", topic), 180, "the live view"
+        )
         live_rows = redis_rows(client, "CustomerStats", 0)
         assert _stats_match(client, first, 0)
 
@@ -122,7 +121,9 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
         # The live engine still runs generation 0 until it looks: its writes are refused.
         produce(bootstrap, second)
         old_query = engine.view_queries["CustomerStats"]
-        _wait(lambda: _query_reached(old_query, topic, bootstrap), 180, "the old query to read")
+        wait_until(
+            lambda: _query_reached(old_query, topic, bootstrap), 180, "the old query to read"
+        )
         assert list(client.scan_iter(match=generation_pattern("CustomerStats", 0))) == []
         args = apply_batch_args(10**9, 0, {}, [])
         refused = client.register_script(APPLY_BATCH_LUA)
@@ -130,7 +131,7 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
 
         # It follows the switch, and generation 1 picks up what arrived meanwhile.
         assert engine.follow_rebuilds() == ["CustomerStats"]
-        _wait(lambda: _stats_match(client, orders, 1), 180, "generation 1 to catch up")
+        wait_until(lambda: _stats_match(client, orders, 1), 180, "generation 1 to catch up")
         assert _meta(client, "CustomerStats").generation == 1
     finally:
         for query in engine.queries:

@@ -297,11 +297,9 @@ def measure_throughput(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
 
     ctx.say(f"{VIEW}: the same, through the engine's query and commit")
     view = catalog.view(VIEW)
-    schema, generation = prepared[VIEW]
+    _, generation = prepared[VIEW]
     with commit_timings() as timings:
-        query = start_view_query(
-            spark, settings, catalog, view, schema, generation, available_now=True
-        )
+        query = start_view_query(spark, settings, catalog, view, generation, available_now=True)
         real_progress = _run_to_end(query, timeout_s)
     real = throughput(real_progress)
     for name, result in (("no-op", noop), (VIEW, real)):
@@ -412,7 +410,7 @@ def _wait_caught_up(
 
 def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
     from engine.runner import start_all
-    from engine.views import view_of_query
+    from engine.views import parse_query_name
 
     sizes = ctx.sizes
     settings = ctx.isolated("freshness")
@@ -455,7 +453,7 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
             behind = _wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
             stop.set()
             observed = watcher.result(timeout_s=60)
-            live = {view_of_query(q.name) or q.name: progress_dicts(q) for q in queries}
+            live = {(parse_query_name(q.name) or (q.name,))[0]: progress_dicts(q) for q in queries}
         finally:
             stop.set()
             for worker in workers:

@@ -149,9 +149,9 @@ def produce_paced(
     return delivered
 
 
-# Fields of a view's meta hash (schema.storage): the Redis apply sets `version` with the
-# rows, atomically; the progress recorder sets `progress_batch` and the batch's end offsets.
-_WATCHED = ("version", "progress_batch", "offsets")
+# Fields of a view's meta hash (schema.storage): the Redis apply sets `version` and the
+# batch's Kafka end offsets with the rows, atomically.
+_WATCHED = ("version", "offsets")
 
 
 def watch_meta(
@@ -168,19 +168,19 @@ def watch_meta(
 
     client = redis.Redis.from_url(redis_url)
     out: dict[str, dict[str, Any]] = {v: {"seen": [], "offsets": {}} for v in views}
-    last: dict[str, tuple[Any, Any]] = {v: (None, None) for v in views}
+    last: dict[str, Any] = {v: None for v in views}
     while not stop.is_set():
         pipe = client.pipeline(transaction=False)
         for view in views:
             pipe.hmget(meta_key(view), _WATCHED)
         answers = pipe.execute()
         now_ms = time.time() * 1000
-        for view, (version, progress_batch, offsets) in zip(views, answers, strict=True):
-            if version is not None and version != last[view][0]:
+        for view, (version, offsets) in zip(views, answers, strict=True):
+            if version is not None and version != last[view]:
                 out[view]["seen"].append((int(version), now_ms))
-            if progress_batch is not None and progress_batch != last[view][1] and offsets:
-                out[view]["offsets"][int(progress_batch)] = json.loads(offsets)
-            last[view] = (version, progress_batch)
+                if offsets:
+                    out[view]["offsets"][int(version)] = json.loads(offsets)
+            last[view] = version
         time.sleep(interval_s)
     client.close()
     return out
