@@ -36,6 +36,9 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         # Small local defaults; a cluster overrides them through VIEWGATE_SPARK_CONF.
         .config("spark.sql.shuffle.partitions", "2")
+        # Every view's query submits jobs to the one driver: share the cores between
+        # them instead of letting one query's long job hold the others back.
+        .config("spark.scheduler.mode", "FAIR")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.databricks.delta.snapshotPartitions", "2")

@@ -8,6 +8,9 @@ views run their SQL on the stream itself, with state in RocksDB, in update mode.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -38,6 +41,18 @@ def parse_query_name(name: str | None) -> tuple[str, int] | None:
     if len(parts) == 3 and parts[0] == "view" and parts[2].startswith("g"):
         return parts[1], int(parts[2][1:])
     return None
+
+
+@contextmanager
+def scheduler_pool(spark: SparkSession, name: str) -> Iterator[None]:
+    """Start a query in a FAIR scheduler pool of its own (the stream thread inherits the
+    pool), so that the queries share the cores instead of queueing behind each other."""
+    context = spark.sparkContext
+    context.setLocalProperty("spark.scheduler.pool", name)
+    try:
+        yield
+    finally:
+        context.setLocalProperty("spark.scheduler.pool", None)
 
 
 def checkpoint_path(settings: Settings, view: View, generation: int) -> str:
@@ -89,7 +104,8 @@ def start_view_query(
         )
     writer = writer.queryName(query_name(view, generation)).option("checkpointLocation", checkpoint)
     trigger = {"availableNow": True} if available_now else {"processingTime": view.trigger}
-    return writer.trigger(**trigger).start()
+    with scheduler_pool(spark, query_name(view, generation)):
+        return writer.trigger(**trigger).start()
 
 
 def _upsert_batch(settings: Settings, view: View, source: Source, committer: ViewCommitter):
@@ -127,12 +143,17 @@ def start_deadletter_query(
 ) -> StreamingQuery:
     classified = classify(read_kafka(spark, settings, source.topic), source)
     writer = DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, source)
-    trigger = {"availableNow": True} if available_now else {"processingTime": "1 second"}
-    return (
-        bad_records(classified)
-        .writeStream.foreachBatch(writer)
-        .queryName(f"deadletters:{source.name}")
-        .option("checkpointLocation", f"{settings.checkpoint_location}/_deadletters/{source.name}")
-        .trigger(**trigger)
-        .start()
+    trigger = (
+        {"availableNow": True} if available_now else {"processingTime": settings.deadletter_trigger}
     )
+    with scheduler_pool(spark, f"deadletters:{source.name}"):
+        return (
+            bad_records(classified)
+            .writeStream.foreachBatch(writer)
+            .queryName(f"deadletters:{source.name}")
+            .option(
+                "checkpointLocation", f"{settings.checkpoint_location}/_deadletters/{source.name}"
+            )
+            .trigger(**trigger)
+            .start()
+        )

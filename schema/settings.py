@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         "maxOffsetsPerTrigger), so catching up on a backlog runs in bounded batches. "
         "Default: no limit.",
     )
+    deadletter_trigger: str = Field(
+        "10 seconds",
+        description="Trigger interval of the dead-letter queries (one per source). They scan "
+        "every event for bad ones and are not on the freshness path, so they run less often "
+        "than the views and leave them the CPU.",
+    )
     spark_conf: dict[str, str] = Field(
         default_factory=dict,
         description='Extra Spark configuration as JSON, e.g. {"spark.executor.memory": "4g"}.',

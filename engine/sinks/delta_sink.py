@@ -31,6 +31,9 @@ def ensure_table(session: SparkSession, path: str, schema: StructType) -> None:
         .location(path)
         .addColumns(schema)
         .property("delta.enableChangeDataFeed", "true")
+        # A commit per batch: checkpoint often, so that readers (the stream-static joins,
+        # the gateway) replay a few JSON commits, not up to the default hundred.
+        .property("delta.checkpointInterval", "10")
         .execute()
     )
 
