@@ -36,7 +36,7 @@ from viewgate.bench.report import Figure, Plot
 from viewgate.bench.runner import BenchContext, BenchError, Group, GroupResult, Say, Sizes
 from viewgate.bench.servers import Server, running
 from viewgate.bench.stats import distribution
-from viewgate.bench.workers import Worker
+from viewgate.bench.workers import Worker, new_event
 
 POINT_QUERY = (
     "query Customer($id: String!) { customer(customerId: $id) { customerId name tier country } }"
@@ -79,10 +79,13 @@ FIGURES = (
 
 
 def _produce(bootstrap: str, records: Sequence[Record]) -> None:
+    """Into the group's topics, created first as the engine creates them."""
     from confluent_kafka import Producer
 
+    from engine.topics import ensure_topics
     from viewgate.demo_events import send
 
+    ensure_topics(bootstrap, catalog_on_topics(demo.CATALOG, TOPIC_PREFIX))
     failures: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:
@@ -109,38 +112,42 @@ def _run_engine_once(spark: Any, settings: Settings, catalog: Catalog) -> None:
             raise BenchError(f"query {query.name} failed: {query.exception()}")
 
 
-def shop_events(sizes: Sizes, catalog: Catalog) -> list[Record]:
+TOPIC_PREFIX = "bench-gateway"
+
+
+def shop_events(sizes: Sizes) -> list[Record]:
     """The demo's customers, then the events after them (orders mostly, some customer
-    changes), on `catalog`'s topics."""
+    changes), on the group's own topics."""
     from viewgate.demo_events import generate
 
+    catalog = catalog_on_topics(demo.CATALOG, TOPIC_PREFIX)
     topics = {demo.CATALOG.sources[s.name].topic: s.topic for s in catalog.sources.values()}
     stream = generate(seed=21, customers=sizes.gateway_customers)
     return [(topics[t], k, v) for t, k, v in
             itertools.islice(stream, sizes.gateway_customers + sizes.gateway_events)]
 
 
-def fill_shop(spark: Any, settings: Settings, sizes: Sizes, say: Say = print) -> dict[str, int]:
-    """The engine, run once over the demo events (every view, Spark's availableNow).
-    Returns the rows per view in Redis."""
-    catalog = catalog_on_topics(demo.CATALOG, "bench-gateway")
-    events = shop_events(sizes, catalog)
+def run_engine(spark: Any, settings: Settings, say: Say = print) -> dict[str, int]:
+    """The engine, run once over all there is in the group's topics (every view, Spark's
+    availableNow). Returns the rows per view in Redis."""
+    catalog = catalog_on_topics(demo.CATALOG, TOPIC_PREFIX)
     started = time.monotonic()
-    _produce(settings.kafka_bootstrap, events)
     _run_engine_once(spark, settings, catalog)
     counts = _rows_per_view(settings, catalog)
-    say(f"engine: {len(events):,} demo events; Redis holds {counts} "
-        f"({time.monotonic() - started:.0f} s)")
+    say(f"engine: Redis holds {counts} ({time.monotonic() - started:.0f} s)")
     return counts
 
 
-def fill_shop_in_child(settings: Settings, sizes: Sizes) -> dict[str, int]:
-    """fill_shop with a SparkSession of this (worker) process: its JVM ends with it."""
+def run_engine_in_child(settings: Settings, produced: Any) -> dict[str, int]:
+    """run_engine with a SparkSession of this (worker) process, once `produced` is set:
+    its JVM ends with the process."""
     from engine.spark import build_spark
 
     spark = build_spark(settings, app_name="viewgate-bench-gateway")
     try:
-        return fill_shop(spark, settings, sizes, say=lambda text: print(text, flush=True))
+        if not produced.wait(600):
+            raise BenchError("the demo events were not produced within 600 s")
+        return run_engine(spark, settings, say=lambda text: print(text, flush=True))
     finally:
         spark.stop()
 
@@ -148,12 +155,18 @@ def fill_shop_in_child(settings: Settings, sizes: Sizes) -> dict[str, int]:
 def load_shop(ctx: BenchContext, settings: Settings) -> dict[str, int]:
     """The demo shop as the engine writes it. Spark runs in a worker process that ends
     before anything is measured (the JVM's threads must not compete with the servers),
-    unless the context was given a SparkSession (the tests')."""
+    unless the context was given a SparkSession (the tests'); the events are produced
+    while it starts."""
+    events = shop_events(ctx.sizes)
     if ctx.spark_session is not None:
-        return fill_shop(ctx.spark_session, settings, ctx.sizes, ctx.say)
-    ctx.say("starting Spark to run the engine over the demo shop")
-    worker = Worker("engine over the demo shop", fill_shop_in_child, settings, ctx.sizes)
+        _produce(settings.kafka_bootstrap, events)
+        return run_engine(ctx.spark_session, settings, ctx.say)
+    ctx.say(f"producing {len(events):,} demo events; starting Spark to run the engine")
+    produced = new_event()
+    worker = Worker("engine over the demo shop", run_engine_in_child, settings, produced)
     try:
+        _produce(settings.kafka_bootstrap, events)
+        produced.set()
         return worker.result(timeout_s=900)
     finally:
         worker.stop()
