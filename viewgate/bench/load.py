@@ -251,8 +251,9 @@ def open_loop(
 ) -> dict[str, Any]:
     """Fixed offered load: request i is due at start + i / rate for warmup_s + duration_s;
     it goes out on the first free connection. Returns the latency (ms, from when each
-    request was due until its answer was in) of the requests due after the warm-up, and
-    how late the generator itself sent them (`send_lag_ms`)."""
+    request was due, or was sent if that was earlier, until its answer was in) of the
+    requests due after the warm-up, and how late the generator itself sent them
+    (`send_lag_ms`, negative when early)."""
 
     async def main() -> dict[str, Any]:
         conns = await _connect(host, port, connections)
@@ -270,9 +271,12 @@ def open_loop(
             nonlocal bad
             while (item := await queue.get()) is not None:
                 i, due = item
-                lag[i] = (time.perf_counter() - due) * 1000
+                sent = time.perf_counter()
+                lag[i] = (sent - due) * 1000
                 status, body = await conn.request(requests[i % len(requests)])
-                latency[i] = (time.perf_counter() - due) * 1000
+                # From when it was due; from when it went out if that was earlier (the
+                # loop's millisecond timers can wake a little early).
+                latency[i] = (time.perf_counter() - min(due, sent)) * 1000
                 if not answer_ok(status, body, must, must_not):
                     bad += 1
                     if len(errors) < 3:
