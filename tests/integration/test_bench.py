@@ -1,11 +1,12 @@
-"""The engine benchmark group, tiny, against the session's Kafka, Redis and Spark: it must
-produce every figure (checked for being there and positive, never against a time)."""
+"""The engine and gateway benchmark groups, tiny, against the session's Kafka, Redis and
+Spark: each must produce every figure (checked for being there and positive, never
+against a time)."""
 
 from __future__ import annotations
 
 import pytest
 
-from viewgate.bench import engine, results
+from viewgate.bench import engine, gateway, results
 from viewgate.bench.report import save_plot
 from viewgate.bench.runner import BenchContext, Sizes
 
@@ -17,21 +18,38 @@ TINY = Sizes(
     freshness_rate=150,
     freshness_s=3,
     freshness_warmup_s=0.5,
+    gateway_customers=200,
+    gateway_events=2_500,
+    gateway_seconds=1,
+    gateway_rounds=1,
+    gateway_latency_s=1.5,
+    gateway_warmup_s=0.3,
 )
+
+
+def run_group(group, spark, settings, tmp_path, redis_db: int) -> dict:
+    """Run a group tiny, write and read back its results.json, check that every figure
+    it lists is a positive number and every plot a file; returns what was written."""
+    ctx = BenchContext(
+        settings, TINY, tmp_path / "work", next_redis_db=redis_db, spark_session=spark
+    )
+    outcome = group.run(ctx)
+    path = tmp_path / "bench" / "results.json"
+    merged = results.merge({}, results.run_meta("tiny"), {group.name: (outcome.figures, {})})
+    results.write(path, merged)
+    written = results.load(path)
+    for figure in group.figures:
+        value = written[figure.key]
+        assert isinstance(value, int | float) and value > 0, (figure.key, value)
+    assert written["groups"][group.name]["keys"]
+    for plot in outcome.plots:
+        assert save_plot(plot, tmp_path / "bench").stat().st_size > 0
+    return written
 
 
 def test_engine_group_reports_every_figure(spark, settings, tmp_path):
     # Redis databases 8 and up: no other test uses them.
-    ctx = BenchContext(settings, TINY, tmp_path / "work", next_redis_db=8, spark_session=spark)
-    outcome = engine.run(ctx)
-
-    path = tmp_path / "bench" / "results.json"
-    merged = results.merge({}, results.run_meta("tiny"), {"engine": (outcome.figures, {})})
-    results.write(path, merged)
-    written = results.load(path)
-    for figure in engine.FIGURES:
-        value = written[figure.key]
-        assert isinstance(value, int | float) and value > 0, (figure.key, value)
+    written = run_group(engine.GROUP, spark, settings, tmp_path, redis_db=8)
     assert written["engine_events"] == TINY.engine_events
     assert written["engine_freshness_samples"] >= 100
     assert written["engine_profile_ms"]["CustomerStats"]["delta_ms"] > 0
@@ -41,6 +59,12 @@ def test_engine_group_reports_every_figure(spark, settings, tmp_path):
         "CustomerStats",
         "ProductSales",
     }
-    assert written["groups"]["engine"]["keys"]
-    for plot in outcome.plots:
-        assert save_plot(plot, tmp_path / "bench").stat().st_size > 0
+
+
+def test_gateway_group_reports_every_figure(spark, settings, tmp_path):
+    # Redis databases 12 and up: no other test uses them.
+    written = run_group(gateway.GROUP, spark, settings, tmp_path, redis_db=12)
+    assert set(written["query_point_rounds"]) == {"baseline", "gateway", "stock"}
+    assert written["query_point_latency_ms"]["count"] == 1_500  # 1.5 s at 1,000/s
+    assert written["query_data"]["customer_rows"] >= 200
+    assert written["query_data"]["list_pages"] >= 1

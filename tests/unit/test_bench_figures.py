@@ -1,14 +1,19 @@
 """The pure parts of `viewgate bench`: statistics, the results file, the engine group's
-arithmetic over Spark progress and over what the freshness watcher saw, and the report."""
+arithmetic over Spark progress and over what the freshness watcher saw, the gateway
+group's load generator (schedule, HTTP framing) and arithmetic, and the report."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from viewgate.bench import results
 from viewgate.bench.engine import FIGURES, profile, throughput, visibility_ms
+from viewgate.bench.gateway import FIGURES as GATEWAY_FIGURES
+from viewgate.bench.gateway import list_rate, median_ratio, warnings
+from viewgate.bench.load import answer_ok, cpu_seconds, parse_response, post_request, schedule
 from viewgate.bench.report import Figure, Plot, save_plot, table_rows
 from viewgate.bench.runner import MODES, BenchError, select_groups, sizes_for
 from viewgate.bench.stats import distribution, percentile
@@ -167,7 +172,7 @@ def test_figures_and_verdicts():
 def test_groups_and_sizes():
     with pytest.raises(BenchError, match="unknown benchmark group"):
         select_groups(["engine", "nope"])
-    assert [g.name for g in select_groups(None)] == ["engine"]
+    assert [g.name for g in select_groups(None)] == ["engine", "gateway"]
     assert sizes_for("quick", {"engine_events": 10, "engine_batch": None}).engine_events == 10
     assert sizes_for("full").engine_events == MODES["full"].engine_events
     with pytest.raises(BenchError):
@@ -182,3 +187,86 @@ def test_plots_are_png_files(tmp_path):
     for path in (latency, series):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     json.dumps(MODES["quick"].__dict__)  # sizes are recorded in results.json
+
+
+# --- The gateway group: load generator framing, schedule and arithmetic -------------------
+
+
+def test_open_loop_schedule_is_evenly_spaced_at_the_rate():
+    due = schedule(1_000, 2.5)
+    assert len(due) == 2_500
+    assert due[0] == 0 and due[1] == pytest.approx(0.001)
+    assert due[-1] == pytest.approx(2.499)
+    assert schedule(3, 1) == pytest.approx([0, 1 / 3, 2 / 3])
+    with pytest.raises(ValueError):
+        schedule(0, 1)
+
+
+def test_post_request_and_response_framing():
+    body = b'{"query": "{ a }"}'
+    request = post_request("127.0.0.1", 8000, "/graphql", body)
+    head, _, sent = request.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /graphql HTTP/1.1\r\n")
+    assert f"Content-Length: {len(body)}".encode() in head and sent == body
+
+    first = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\r\nhello"
+    second = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\n\r\nno"
+    assert parse_response(first[:20]) is None  # head not complete
+    assert parse_response(first[:-1]) is None  # body not complete
+    assert parse_response(first + second) == (200, b"hello", len(first))
+    assert parse_response(bytearray(second)) == (400, b"no", len(second))
+    with pytest.raises(ValueError, match="Content-Length"):
+        parse_response(b"HTTP/1.1 200 OK\r\n\r\n")
+    with pytest.raises(ValueError, match="chunked"):
+        parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+
+def test_answers_are_checked_by_status_and_marker_bytes():
+    bad = (b'"errors"', b'"customer":null')
+    assert answer_ok(200, b'{"data":{"customer":{"name":"Ada"}}}', b'"name"', bad)
+    assert not answer_ok(500, b'{"name"}', b'"name"', bad)
+    assert not answer_ok(200, b'{"data":{"customer":null}}', b'"name"', bad)
+    assert not answer_ok(200, b'{"errors":[],"data":{"name":1}}', b'"name"', bad)
+
+
+def test_cpu_seconds_of_a_process_from_proc():
+    assert cpu_seconds(os.getpid()) > 0
+
+
+def test_median_ratio_pairs_rounds_in_order():
+    assert median_ratio([80, 90, 300], [100, 100, 100]) == pytest.approx(0.9)
+    assert median_ratio([4, 9], [5, 10]) == pytest.approx(0.85)
+    with pytest.raises(ValueError):
+        median_ratio([1], [])
+
+
+def test_list_rate_is_a_share_of_saturation_rounded_down_and_capped():
+    assert list_rate(76) == 30  # half of 76 is 38: steps of 10
+    assert list_rate(30) == 15  # below 20/s: steps of 1
+    assert list_rate(1) == 1
+    assert list_rate(50_000) == 1_000
+
+
+def test_gateway_warnings_name_busy_servers_and_busy_generators():
+    def run(server: float, generator: float) -> dict:
+        return {"watched_cpu": [server, 0.1], "generator_cpu": generator}
+
+    assert warnings({"baseline": [run(0.99, 0.3)], "gateway": [run(1.0, 0.2)]}) == []
+    doubts = warnings({"baseline": [run(0.99, 0.3), run(0.7, 0.9)]})
+    assert len(doubts) == 2 and all(d.startswith("baseline round 2") for d in doubts)
+
+
+def test_goals_below_one_keep_their_decimals():
+    assert Figure("query_point_ratio", "x", at_least=0.8).goal == ">= 0.80"
+    assert Figure("query_point_p99_ms", "x", below=5).goal == "< 5"
+    assert {f.key for f in GATEWAY_FIGURES} >= {
+        "query_point_rps",
+        "query_point_raw_rps",
+        "query_point_ratio",
+        "query_point_p50_ms",
+        "query_point_p99_ms",
+        "query_list100_p50_ms",
+        "query_list100_p99_ms",
+        "query_list100_rate",
+        "query_point_stock_rps",
+    }

@@ -1,6 +1,7 @@
 """`viewgate bench`: measure viewgate on this machine, group by group, into bench/results.json.
 
 runner.py brings up what the groups need and runs them; each measurement group (engine.py,
-later the gateway and subscriptions) is one module exporting a `Group`; results.py merges
+gateway.py, later subscriptions) is one module exporting a `Group`; load.py and servers.py
+are the gateway group's load generator and servers under test; results.py merges
 figures into the results file; report.py prints the table and draws the plots.
 """

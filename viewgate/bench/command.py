@@ -13,7 +13,7 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Quick mode, the default: under 3 min."),
     full: bool = typer.Option(False, "--full", help="Full mode: longer runs, under 15 min."),
     only: str = typer.Option(
-        None, "--only", help="Comma-separated groups to run (default: all of them): engine."
+        None, "--only", help="Comma-separated groups to run (default: all): engine, gateway."
     ),
     out: Path = OutOption,
     engine_events: int = typer.Option(None, help="Order events per throughput run."),
@@ -21,6 +21,10 @@ def bench(
     freshness_rate: float = typer.Option(None, help="Events/s while measuring freshness."),
     freshness_seconds: float = typer.Option(None, help="How long to produce for freshness."),
     freshness_warmup: float = typer.Option(None, help="Seconds of events not counted first."),
+    gateway_events: int = typer.Option(None, help="Demo events the engine writes for the gateway."),
+    gateway_seconds: float = typer.Option(None, help="Seconds of each saturation run."),
+    gateway_rounds: int = typer.Option(None, help="Interleaved saturation rounds."),
+    gateway_latency_seconds: float = typer.Option(None, help="Seconds of each fixed-rate run."),
 ) -> None:
     """Measure viewgate on this machine: start Kafka and Redis of its own, run each group,
     merge the figures into <out>/results.json, print a table and save PNG plots."""
@@ -41,6 +45,10 @@ def bench(
         "freshness_rate": freshness_rate,
         "freshness_s": freshness_seconds,
         "freshness_warmup_s": freshness_warmup,
+        "gateway_events": gateway_events,
+        "gateway_seconds": gateway_seconds,
+        "gateway_rounds": gateway_rounds,
+        "gateway_latency_s": gateway_latency_seconds,
     }
     groups = [g.strip() for g in only.split(",") if g.strip()] if only else None
     try:

@@ -28,9 +28,9 @@ class Figure:
     @property
     def goal(self) -> str:
         if self.at_least is not None:
-            return f">= {self.at_least:,.0f}"
+            return f">= {format_value(self.at_least)}"
         if self.below is not None:
-            return f"< {self.below:,.0f}"
+            return f"< {format_value(self.below)}"
         return ""
 
     def verdict(self, value: Any) -> str:

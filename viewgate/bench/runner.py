@@ -39,6 +39,12 @@ class Sizes:
     freshness_rate: float  # demo events per second while freshness is measured
     freshness_s: float  # how long the producer writes at that rate
     freshness_warmup_s: float  # events produced in the first seconds are not counted
+    gateway_customers: int  # demo customers the engine writes for the gateway's reads
+    gateway_events: int  # demo events after them (orders mostly), through the engine
+    gateway_seconds: float  # each saturation run, after gateway_warmup_s
+    gateway_rounds: int  # interleaved saturation rounds (baseline, gateway, stock)
+    gateway_latency_s: float  # each fixed-rate run, after gateway_warmup_s
+    gateway_warmup_s: float  # load before each run's measured window
 
 
 MODES: dict[str, Sizes] = {
@@ -50,6 +56,12 @@ MODES: dict[str, Sizes] = {
         freshness_rate=500,
         freshness_s=12,
         freshness_warmup_s=3,
+        gateway_customers=2_000,
+        gateway_events=10_000,
+        gateway_seconds=2,
+        gateway_rounds=2,
+        gateway_latency_s=4,
+        gateway_warmup_s=0.5,
     ),
     "full": Sizes(
         engine_events=1_200_000,
@@ -57,6 +69,12 @@ MODES: dict[str, Sizes] = {
         freshness_rate=1000,
         freshness_s=60,
         freshness_warmup_s=5,
+        gateway_customers=20_000,
+        gateway_events=100_000,
+        gateway_seconds=8,
+        gateway_rounds=5,
+        gateway_latency_s=30,
+        gateway_warmup_s=2,
     ),
 }
 
@@ -138,9 +156,9 @@ def run_in_child(name: str, settings: Settings, sizes: Sizes, workdir: Path) -> 
 
 
 def all_groups() -> dict[str, Group]:
-    from viewgate.bench import engine
+    from viewgate.bench import engine, gateway
 
-    return {g.name: g for g in (engine.GROUP,)}
+    return {g.name: g for g in (engine.GROUP, gateway.GROUP)}
 
 
 def select_groups(only: Sequence[str] | None) -> list[Group]:

@@ -42,8 +42,13 @@ logger.apache.level = WARN
 
 
 def _cluster_id() -> str:
-    # Kafka's Uuid text form: URL-safe base64 of 16 bytes, unpadded.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Kafka's Uuid text form: URL-safe base64 of 16 bytes, unpadded. Like Kafka's
+    # Uuid.randomUuid, never one starting with "-": the storage tool would take it for an
+    # option and fail (one start in 64).
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def java_executable() -> str:
