@@ -15,6 +15,7 @@ import redis
 
 from schema.settings import Settings
 from schema.storage import (
+    META_GENERATION,
     SWITCH_GENERATION_LUA,
     generation_pattern,
     meta_key,
@@ -78,8 +79,13 @@ def switch_generation(settings: Settings, client: redis.Redis, view: str, genera
 
 
 def reconcile_generation(settings: Settings, client: redis.Redis, view: str) -> int:
-    """The generation to serve; completes a switch that a crash interrupted."""
+    """The generation to serve: the newer of the pointer file and Redis' meta, completing
+    a switch that a crash interrupted (or a pointer file that was lost)."""
     generation = read_current_generation(settings.delta_location, view)
+    in_redis = int(client.hget(meta_key(view), META_GENERATION) or -1)
+    if in_redis > generation:
+        write_current_generation(settings.delta_location, view, in_redis)
+        return in_redis
     client.register_script(SWITCH_GENERATION_LUA)(keys=[meta_key(view)], args=[generation])
     return generation
 
