@@ -99,7 +99,11 @@ class ViewCommitter:
             }
             log.debug(
                 "%s batch %d: %d upserts, %d deletes; redis %.0f ms, feed %.0f ms, delta %.0f ms",
-                self.view.name, batch_id, len(upserts), len(deletes), *timings.values(),
+                self.view.name,
+                batch_id,
+                len(upserts),
+                len(deletes),
+                *timings.values(),
                 extra={"view": self.view.name, "batch_id": batch_id, "timings": timings},
             )
         return status

@@ -142,14 +142,16 @@ def rebuild_view(
                     available_now=True,
                     max_offsets=batch_offsets,
                 )
-                while not query.awaitTermination(0.5):
-                    done = max(done, _consumed(query, source.topic, start))
-                    on_progress(RebuildProgress(view.name, new, done, max(total, done)))
-                if query.exception() is not None:
+                try:
+                    # Raises the query's error if it fails.
+                    while not query.awaitTermination(0.5):
+                        done = max(done, _consumed(query, source.topic, start))
+                        on_progress(RebuildProgress(view.name, new, done, max(total, done)))
+                except Exception as exc:
+                    query.stop()
                     raise RebuildError(
-                        f"rebuilding {view.name} failed; generation {live} still serves: "
-                        f"{query.exception()}"
-                    )
+                        f"rebuilding {view.name} failed; generation {live} still serves: {exc}"
+                    ) from exc
                 done = max(done, _consumed(query, source.topic, start))
                 on_progress(RebuildProgress(view.name, new, done, max(total, done)))
                 now = log_range(settings.kafka_bootstrap, source.topic)
