@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -46,6 +47,17 @@ def generation_dirs(settings: Settings, view: str) -> dict[int, list[Path]]:
     return found
 
 
+def _remove_dirs(settings: Settings, view: str, which: Callable[[int], bool]) -> list[int]:
+    """Delete the Delta tables and checkpoints of the generations `which` picks."""
+    removed = []
+    for generation, paths in generation_dirs(settings, view).items():
+        if which(generation):
+            for path in paths:
+                shutil.rmtree(path, ignore_errors=True)
+            removed.append(generation)
+    return removed
+
+
 def drop_redis_generation(client: redis.Redis, view: str, generation: int) -> int:
     """UNLINK every Redis key of one generation; returns how many went."""
     dropped = 0
@@ -64,11 +76,8 @@ def discard_generations_above(
     settings: Settings, client: redis.Redis, view: str, live: int
 ) -> None:
     """Remove what an abandoned rebuild left above the live generation."""
-    for generation, paths in generation_dirs(settings, view).items():
-        if generation > live:
-            for path in paths:
-                shutil.rmtree(path, ignore_errors=True)
-            drop_redis_generation(client, view, generation)
+    for generation in _remove_dirs(settings, view, lambda g: g > live):
+        drop_redis_generation(client, view, generation)
 
 
 def switch_generation(settings: Settings, client: redis.Redis, view: str, generation: int) -> None:
@@ -95,7 +104,4 @@ def retire_generation(settings: Settings, client: redis.Redis, view: str, old: i
     already), its Delta table stays for one more rebuild (time travel, a way back), and
     anything older than it goes."""
     drop_redis_generation(client, view, old)
-    for generation, paths in generation_dirs(settings, view).items():
-        if generation < old:
-            for path in paths:
-                shutil.rmtree(path, ignore_errors=True)
+    _remove_dirs(settings, view, lambda g: g < old)

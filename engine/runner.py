@@ -11,7 +11,6 @@ import weakref
 import redis
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import StructType
 
 from engine.analysis import analyse
 from engine.generations import reconcile_generation
@@ -42,20 +41,18 @@ def record_progress(spark: SparkSession, redis_url: str) -> None:
     _recorders[spark] = recorder
 
 
-def prepare(
-    spark: SparkSession, settings: Settings, catalog: Catalog
-) -> dict[str, tuple[StructType, int]]:
+def prepare(spark: SparkSession, settings: Settings, catalog: Catalog) -> dict[str, int]:
     """Analyse every view and make sure its current Delta table and meta exist.
-    Returns each view's output schema and current generation."""
+    Returns each view's current generation."""
     schemas = analyse(spark, catalog)
     ensure_topics(settings.kafka_bootstrap, catalog)
-    prepared: dict[str, tuple[StructType, int]] = {}
+    prepared: dict[str, int] = {}
     client = redis.Redis.from_url(settings.redis_url)
     try:
         for name, schema in schemas.items():
             generation = reconcile_generation(settings, client, name)
             ensure_table(spark, delta_table_path(settings.delta_location, name, generation), schema)
-            prepared[name] = (schema, generation)
+            prepared[name] = generation
     finally:
         client.close()
     return prepared
@@ -80,8 +77,7 @@ class Engine:
         return [*self.other_queries, *self.view_queries.values()]
 
     def start(self) -> list[StreamingQuery]:
-        for name, (_, generation) in prepare(self.spark, self.settings, self.catalog).items():
-            self.generations[name] = generation
+        self.generations = prepare(self.spark, self.settings, self.catalog)
         record_progress(self.spark, self.settings.redis_url)
         self.other_queries = [
             start_deadletter_query(

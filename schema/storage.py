@@ -292,15 +292,21 @@ META_LATE_EVENTS = "late_events"
 META_DEAD_LETTERS = "dead_letters"
 
 
+def generation_field(name: str, generation: int) -> str:
+    """A meta field of one generation ("name:g<gen>"): each generation keeps its own copy of
+    the meta fields, which a switch promotes (see the Lua scripts below, which spell it too)."""
+    return f"{name}:g{generation}"
+
+
 def fence_field(generation: int) -> str:
     """The meta field holding the last batch id applied to Redis for one generation."""
-    return f"version:g{generation}"
+    return generation_field(META_VERSION, generation)
 
 
 def complete_field(generation: int) -> str:
     """Meta field set by the gateway once Redis holds every row of a generation (it
     re-warmed the whole Delta snapshot). Absent after a flush: indexes may be partial."""
-    return f"complete:g{generation}"
+    return generation_field("complete", generation)
 
 
 @dataclass

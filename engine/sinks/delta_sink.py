@@ -50,10 +50,14 @@ class DeltaSink:
         self.view = view
         self.app_id = app_id
         self._table: DeltaTable | None = None
+        self._source_schema: pa.Schema | None = None
 
     def _load(self) -> DeltaTable:
         if self._table is None:
             self._table = DeltaTable(self.path)
+            # The MERGE source: the table's columns and the delete flag (fixed per sink).
+            target = pa.schema(self._table.schema().to_arrow())
+            self._source_schema = target.append(pa.field(DELETED, pa.bool_(), nullable=False))
         else:
             self._table.update_incremental()
         return self._table
@@ -74,9 +78,8 @@ class DeltaSink:
         done = table.transaction_version(self.app_id)
         if done is not None and done >= batch_id:
             return False
-        target = pa.schema(table.schema().to_arrow())
-        columns = target.names
-        source_schema = target.append(pa.field(DELETED, pa.bool_(), nullable=False))
+        source_schema = self._source_schema
+        columns = [c for c in source_schema.names if c != DELETED]
         records = [{**{c: r.get(c) for c in columns}, DELETED: False} for r in rows]
         records += [{**{c: d.get(c) for c in columns}, DELETED: True} for d in deleted]
         source = pa.Table.from_pylist(records, schema=source_schema)

@@ -14,6 +14,7 @@ from schema.storage import (
     apply_batch_args,
     decode_row,
     encode_row,
+    generation_field,
     index_entry,
     index_key,
     meta_key,
@@ -76,9 +77,8 @@ class RedisSink:
     def late_events(self, generation: int) -> int:
         """Late events counted so far (up to the previous batch: Spark reports a batch's
         count after it, see engine.progress)."""
-        return int(
-            self.client.hget(meta_key(self.view.name), f"{META_LATE_EVENTS}:g{generation}") or 0
-        )
+        field = generation_field(META_LATE_EVENTS, generation)
+        return int(self.client.hget(meta_key(self.view.name), field) or 0)
 
     def close(self) -> None:
         self.client.close()

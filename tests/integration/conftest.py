@@ -3,20 +3,18 @@ over fixed demo events into Redis (its own database) and Delta, then served by t
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import redis
-from shop_views import catalog_on, expected_customers, produce, run_once
+from shop_views import catalog_on, expected_customers, isolated, produce, run_once, shop_events
 from starlette.testclient import TestClient
 
 from schema.catalog import Catalog
 from schema.settings import Settings
 from schema.storage import ViewMeta, meta_key
-from viewgate.demo_events import generate
 
 
 @dataclass
@@ -32,15 +30,10 @@ class Shop:
 
 @pytest.fixture(scope="session")
 def gateway_shop(spark, settings: Settings, tmp_path_factory) -> Shop:
-    settings = settings.model_copy(update={
-        "data_dir": tmp_path_factory.mktemp("gateway-shop"),
-        "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/2",
-    })
+    settings = isolated(settings, tmp_path_factory.mktemp("gateway-shop"), redis_db=2)
     catalog = catalog_on("gateway-test")
     topics = {s.name: s.topic for s in catalog.sources.values()}
-    events = list(itertools.islice(generate(seed=11), 900))
-    customers = [(topics["customers"], k, v) for t, k, v in events if t == "customers"]
-    orders = [(topics["orders"], k, v) for t, k, v in events if t == "orders"]
+    customers, orders = shop_events("gateway-test", seed=11, count=900)
     # Customers first, so every order finds its customer (stream-static join).
     produce(settings.kafka_bootstrap, customers)
     run_once(spark, settings, catalog)

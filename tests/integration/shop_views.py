@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
 import os
-import time
-from collections.abc import Callable
+from pathlib import Path
 
 import pandas as pd
 import redis
@@ -19,7 +19,9 @@ from deltalake import DeltaTable
 from engine.runner import start_all
 from schema import demo
 from schema.catalog import Catalog
+from schema.settings import Settings
 from schema.storage import decode_row, delta_table_path, row_key
+from viewgate.demo_events import CUSTOMERS_TOPIC, generate
 
 Record = tuple[str, str | None, bytes | None]  # (topic, key, value); value None: tombstone
 
@@ -36,15 +38,22 @@ def catalog_on(prefix: str) -> Catalog:
 PREFIXED_CATALOG = catalog_on(os.environ.get("SHOP_TOPIC_PREFIX", "unset"))
 
 
-def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> object:
-    """Poll `condition` until it is truthy (returned) or the deadline passes (fail)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+def isolated(settings: Settings, data_dir: Path, redis_db: int) -> Settings:
+    """The session's Kafka and Redis, with a data folder and a Redis database of the test's
+    own: Redis keys name views, not topics, so two tests' views would share them."""
+    redis_url = f"{settings.redis_url.rsplit('/', 1)[0]}/{redis_db}"
+    return settings.model_copy(update={"data_dir": data_dir, "redis_url": redis_url})
+
+
+def shop_events(prefix: str, seed: int, count: int) -> tuple[list[Record], list[Record]]:
+    """The first `count` seeded demo events on `prefix`'s topics: (customers, orders)."""
+    customers: list[Record] = []
+    orders: list[Record] = []
+    for topic, key, value in itertools.islice(generate(seed=seed), count):
+        (customers if topic == CUSTOMERS_TOPIC else orders).append(
+            (f"{prefix}.{topic}", key, value)
+        )
+    return customers, orders
 
 
 def produce(bootstrap: str, records: list[Record]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import json
 
 import pandas as pd
@@ -22,12 +21,13 @@ from shop_views import (
     expected_customers,
     expected_orders,
     expected_product_sales,
+    isolated,
     placed,
     produce,
     redis_rows,
     run_once,
+    shop_events,
     ts,
-    wait_until,
 )
 
 from engine.analysis import analyse
@@ -41,7 +41,7 @@ from schema.storage import (
     delta_table_path,
     meta_key,
 )
-from viewgate.demo_events import generate
+from viewgate.stack.process import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -99,20 +99,13 @@ SLIDING_SALES = dataclasses.replace(
 @pytest.fixture(scope="module")
 def shop(spark, settings, tmp_path_factory):
     """Run the engine over seeded demo events in three rounds, as the tests below read."""
-    settings = settings.model_copy(
-        update={
-            "data_dir": tmp_path_factory.mktemp("engine"),
-            "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/1",
-        }
-    )
+    settings = isolated(settings, tmp_path_factory.mktemp("engine"), redis_db=1)
     test_catalog = catalog_on("engine-test")
     catalog = Catalog.of(
         test_catalog.sources.values(), [*test_catalog.views.values(), SLIDING_SALES]
     )
     topics = {s.name: s.topic for s in catalog.sources.values()}
-    events = list(itertools.islice(generate(seed=3), 1500))
-    customers = [(topics["customers"], k, v) for t, k, v in events if t == "customers"]
-    orders = [(topics["orders"], k, v) for t, k, v in events if t == "orders"]
+    customers, orders = shop_events("engine-test", seed=3, count=1500)
 
     # Round 1: customers, so that every order below finds its customer (stream-static join).
     produce(settings.kafka_bootstrap, customers)
@@ -194,9 +187,8 @@ def test_aggregate_view_matches_a_batch_computation(shop):
     assert delta["order_count"].to_dict() == expected["order_count"].to_dict()
 
 
-def test_window_view_matches_a_batch_computation_and_counts_late_events(shop):
-    expected = expected_product_sales(shop["orders"])
-    rows = redis_rows(shop["redis"], "ProductSales")
+def _assert_windows(rows: dict[str, dict], expected: pd.DataFrame) -> None:
+    """The view's one-minute windows equal the batch computation, window by window."""
     actual = {(r["product_id"], ts(r["window_start"])): r for r in rows.values()}
     want = {(p, w.to_pydatetime()): v for (p, w), v in expected.iterrows()}
     assert set(actual) == set(want), "the late event must not open a window"
@@ -204,12 +196,24 @@ def test_window_view_matches_a_batch_computation_and_counts_late_events(shop):
         assert actual[key]["order_count"] == value.order_count
         assert actual[key]["revenue"] == pytest.approx(value.revenue)
         assert ts(actual[key]["window_end"]) - key[1] == datetime.timedelta(minutes=1)
-    wait_until(
-        lambda: ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSales"))).late_events,
-        30,
-        "the late event to be counted",
+
+
+def _late_events_counted(client: redis.Redis, view: str) -> ViewMeta:
+    """The view's meta once it counts a late event: Spark reports late events in its query
+    progress, which reaches us asynchronously."""
+
+    def meta() -> ViewMeta:
+        return ViewMeta.from_fields(client.hgetall(meta_key(view)))
+
+    wait_until(lambda: meta().late_events >= 1, timeout_s=30, what=f"{view}'s late event")
+    return meta()
+
+
+def test_window_view_matches_a_batch_computation_and_counts_late_events(shop):
+    _assert_windows(
+        redis_rows(shop["redis"], "ProductSales"), expected_product_sales(shop["orders"])
     )
-    meta = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSales")))
+    meta = _late_events_counted(shop["redis"], "ProductSales")
     assert meta.late_events == 1
     assert meta.watermark, "the watermark is recorded"
 
@@ -224,23 +228,8 @@ def test_sliding_window_view_matches_a_batch_computation(shop):
     expected = frame.groupby(["product_id", "window_start"]).agg(
         order_count=("amount", "size"), revenue=("amount", "sum")
     )
-    rows = redis_rows(shop["redis"], "ProductSalesSliding")
-    actual = {(r["product_id"], ts(r["window_start"])): r for r in rows.values()}
-    want = {(p, w.to_pydatetime()): v for (p, w), v in expected.iterrows()}
-    assert set(actual) == set(want), "the late event must not open a window"
-    for key, value in want.items():
-        assert actual[key]["order_count"] == value.order_count
-        assert actual[key]["revenue"] == pytest.approx(value.revenue)
-        assert ts(actual[key]["window_end"]) - key[1] == datetime.timedelta(minutes=1)
-    # Spark reports late events in its query progress, which reaches us asynchronously.
-    wait_until(
-        lambda: (
-            ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSalesSliding"))).late_events
-            >= 1
-        ),
-        30,
-        "the late event to be counted",
-    )
+    _assert_windows(redis_rows(shop["redis"], "ProductSalesSliding"), expected)
+    _late_events_counted(shop["redis"], "ProductSalesSliding")
 
 
 def test_bad_records_are_dead_lettered_with_reasons_and_counted(shop):

@@ -7,7 +7,6 @@ change feed."""
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
 import os
 import signal
@@ -27,16 +26,17 @@ from shop_views import (
     catalog_on,
     delta_frame,
     expected_customers,
+    isolated,
     produce,
     redis_rows,
+    shop_events,
     ts,
     view_mismatches,
-    wait_until,
 )
 
 from engine.rebuild import log_range
 from schema.storage import ChangeEvent, ViewMeta, changefeed_topic, delta_table_path, meta_key
-from viewgate.demo_events import generate
+from viewgate.stack.process import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +58,7 @@ class EngineProcess:
     driver and its JVM together, and nothing outlives the test."""
 
     def __init__(self, settings, log_dir: Path) -> None:
+        self.settings = settings
         self.env = {
             **os.environ,
             "VIEWGATE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
@@ -109,7 +110,9 @@ class EngineProcess:
 
     def _reap(self) -> None:
         assert self.process is not None
-        wait_until(lambda: _group_gone(self.process.pid), 60, "the engine's JVM to exit")
+        wait_until(
+            lambda: _group_gone(self.process.pid), timeout_s=60, what="the engine's JVM to exit"
+        )
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -125,14 +128,8 @@ class EngineProcess:
 
 @pytest.fixture
 def engine(settings, tmp_path) -> Iterator[EngineProcess]:
-    settings = settings.model_copy(
-        update={
-            "data_dir": tmp_path / "data",
-            "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/3",
-        }
-    )
+    settings = isolated(settings, tmp_path / "data", redis_db=3)
     process = EngineProcess(settings, tmp_path)
-    process.settings = settings
     try:
         yield process
     finally:
@@ -143,19 +140,17 @@ def _events(count: int) -> tuple[list[Record], list[Record]]:
     """Customers and orders on the test's topics, without events behind the watermark:
     whether Spark drops those depends on where batches happen to end (the late-event
     count is checked in test_engine)."""
-    customers, orders = [], []
+    customers, orders = shop_events(PREFIX, seed=11, count=count)
+    in_time = []
     newest = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-    for topic, key, value in itertools.islice(generate(seed=11), count):
-        if topic == "customers":
-            customers.append((f"{PREFIX}.customers", key, value))
-            continue
-        if value is not None:
-            event_time = ts(json.loads(value)["ts"])
+    for order in orders:
+        if order[2] is not None:
+            event_time = ts(json.loads(order[2])["ts"])
             if event_time < newest - datetime.timedelta(seconds=20):
                 continue
             newest = max(newest, event_time)
-        orders.append((f"{PREFIX}.orders", key, value))
-    return customers, orders
+        in_time.append(order)
+    return customers, in_time
 
 
 def _delta_rows(settings, view: str) -> int:
@@ -220,8 +215,8 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     want_customers = len(expected_customers(customers))
     wait_until(
         lambda: _delta_rows(settings, "Customer") == want_customers,
-        180,
-        "the customers to be in Delta",
+        timeout_s=180,
+        what="the customers to be in Delta",
     )
     engine.kill()
 
@@ -242,15 +237,19 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     engine.start()
     wait_until(
         lambda: ViewMeta.from_fields(client.hgetall(meta_key("CustomerStats"))).version > before,
-        180,
-        "a CustomerStats commit",
+        timeout_s=180,
+        what="a CustomerStats commit",
     )
     engine.kill()
 
     # The last run completes everything.
     produce(bootstrap, chunks[4])
     engine.start()
-    wait_until(lambda: _covered(client, bootstrap, source_topic), 240, "every view to catch up")
+    wait_until(
+        lambda: _covered(client, bootstrap, source_topic),
+        timeout_s=240,
+        what="every view to catch up",
+    )
 
     assert view_mismatches(client, customers, orders) == []
 

@@ -3,7 +3,6 @@ re-warmed from Delta. Uses a Redis server of its own, so the session's stays int
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +12,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from schema.storage import complete_field, row_key
-from viewgate.stack.process import free_port
+from viewgate.stack.process import free_port, wait_until
 from viewgate.stack.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -21,12 +20,6 @@ pytestmark = pytest.mark.integration
 LIST = ('{ orders(where: {status: {eq: "paid"}}, orderBy: {field: AMOUNT}, first: 500) '
         '{ totalCount edges { node { orderId amount customer { customerId name } } } } }')
 
-
-def _wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +62,16 @@ def test_empty_redis_answers_from_delta_then_is_rewarmed(client, gateway_shop, o
     body = gql(client, f'{{ customer(customerId: "{key}") {{ name tier }} }}')
     assert body["data"]["customer"] == {"name": want["name"], "tier": want["tier"]}
     assert body["extensions"]["freshness"]["Customer"]["source"] == "delta"
-    _wait_for(lambda: direct.exists(row_key("Customer", 0, key)), "the row re-warmed")
+    wait_until(lambda: direct.exists(row_key("Customer", 0, key)), timeout_s=30,
+               what="the row re-warmed")
 
     body = gql(client, LIST)
     _check_list(body, gateway_shop)
     seen = body["extensions"]["freshness"]["Order"]
     assert seen["source"] == "delta" and seen["version"] == gateway_shop.order_versions[-1]
     # The list found the indexes incomplete and started a full re-warm; then Redis serves.
-    _wait_for(lambda: direct.hexists("vg:Order:meta", complete_field(0)), "a full re-warm")
+    wait_until(lambda: direct.hexists("vg:Order:meta", complete_field(0)), timeout_s=30,
+               what="a full re-warm")
     body = gql(client, LIST)
     _check_list(body, gateway_shop)
     assert body["extensions"]["freshness"]["Order"] == {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+from shop_views import isolated
 
 from engine.generations import reconcile_generation, switch_generation
 from schema.storage import (
@@ -24,9 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def setup(settings, tmp_path):
-    settings = settings.model_copy(
-        update={"data_dir": tmp_path, "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/5"}
-    )
+    settings = isolated(settings, tmp_path, redis_db=5)
     client = redis.Redis.from_url(settings.redis_url)
     client.flushdb()
     try:

@@ -4,7 +4,6 @@ serves until then, and the engine carries the new one on."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
@@ -15,9 +14,10 @@ from shop_views import (
     catalog_on,
     delta_frame,
     expected_customer_stats,
+    isolated,
     produce,
     redis_rows,
-    wait_until,
+    shop_events,
 )
 
 from engine.rebuild import log_range, rebuild_view
@@ -31,7 +31,7 @@ from schema.storage import (
     meta_key,
     read_current_generation,
 )
-from viewgate.demo_events import generate
+from viewgate.stack.process import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -69,23 +69,22 @@ def _stats_match(client: redis.Redis, orders, generation: int) -> bool:
 
 
 def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, settings, tmp_path):
-    settings = settings.model_copy(
-        update={"data_dir": tmp_path, "redis_url": settings.redis_url.rsplit("/", 1)[0] + "/4"}
-    )
+    settings = isolated(settings, tmp_path, redis_db=4)
     bootstrap = settings.kafka_bootstrap
     client = redis.Redis.from_url(settings.redis_url)
     catalog = catalog_on(PREFIX)
     topic = catalog.source_of(catalog.view("CustomerStats")).topic
-    events = [(f"{PREFIX}.{t}", k, v) for t, k, v in itertools.islice(generate(seed=5), 1200)]
-    orders = [e for e in events if e[0] == topic]
+    customers, orders = shop_events(PREFIX, seed=5, count=1200)
     first, second = orders[:700], orders[700:]
-    produce(bootstrap, [e for e in events if e[0] != topic] + first)
+    produce(bootstrap, customers + first)
 
     engine = Engine(spark, settings, catalog)
     engine.start()
     try:
         wait_until(
-            lambda: _caught_up(client, bootstrap, "CustomerStats", topic), 180, "the live view"
+            lambda: _caught_up(client, bootstrap, "CustomerStats", topic),
+            timeout_s=180,
+            what="the live view",
         )
         live_rows = redis_rows(client, "CustomerStats", 0)
         assert _stats_match(client, first, 0)
@@ -122,7 +121,9 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
         produce(bootstrap, second)
         old_query = engine.view_queries["CustomerStats"]
         wait_until(
-            lambda: _query_reached(old_query, topic, bootstrap), 180, "the old query to read"
+            lambda: _query_reached(old_query, topic, bootstrap),
+            timeout_s=180,
+            what="the old query to read",
         )
         assert list(client.scan_iter(match=generation_pattern("CustomerStats", 0))) == []
         args = apply_batch_args(10**9, 0, {}, [])
@@ -131,7 +132,9 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
 
         # It follows the switch, and generation 1 picks up what arrived meanwhile.
         assert engine.follow_rebuilds() == ["CustomerStats"]
-        wait_until(lambda: _stats_match(client, orders, 1), 180, "generation 1 to catch up")
+        wait_until(
+            lambda: _stats_match(client, orders, 1), timeout_s=180, what="generation 1 to catch up"
+        )
         assert _meta(client, "CustomerStats").generation == 1
     finally:
         for query in engine.queries:

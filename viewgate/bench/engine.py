@@ -297,7 +297,7 @@ def measure_throughput(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
 
     ctx.say(f"{VIEW}: the same, through the engine's query and commit")
     view = catalog.view(VIEW)
-    _, generation = prepared[VIEW]
+    generation = prepared[VIEW]
     with commit_timings() as timings:
         query = start_view_query(spark, settings, catalog, view, generation, available_now=True)
         real_progress = _run_to_end(query, timeout_s)
