@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from engine.analysis import SQL_LOCK
 from engine.commit import ViewCommitter
 from engine.deadletter import DeadLetterWriter
+from engine.dimensions import Dimensions
 from engine.sources import (
     bad_records,
     classify,
@@ -60,6 +60,7 @@ def checkpoint_path(settings: Settings, view: View, generation: int) -> str:
 
 
 def _register_dimensions(session: SparkSession, settings: Settings, view: View) -> None:
+    """The dimensions of a streaming SQL: Delta reads that Spark refreshes every batch."""
     for dim in view.dimensions:
         generation = read_current_generation(settings.delta_location, dim)
         path = delta_table_path(settings.delta_location, dim, generation)
@@ -110,25 +111,28 @@ def start_view_query(
 
 def _upsert_batch(settings: Settings, view: View, source: Source, committer: ViewCommitter):
     columns = source_columns(source)
+    dimensions = Dimensions(settings, view.dimensions)
 
     def commit(batch: DataFrame, batch_id: int) -> None:
-        last = Window.partitionBy("_kafka_key").orderBy(F.col("_offset").desc())
-        latest = batch.withColumn("_rank", F.row_number().over(last)).filter("_rank = 1").persist()
-        try:
-            deleted = [
-                {source.key: r["_kafka_key"]}
-                for r in latest.filter("_tombstone").select("_kafka_key").collect()
-            ]
+        # One Spark job reads the batch; keeping the last record per key happens here on
+        # the driver. A window over the batch cost a shuffle and a second job per batch,
+        # which dominated the freshness of small batches.
+        latest: dict[str, Row] = {}
+        for record in batch.select("_kafka_key", "_tombstone", *columns).collect():
+            latest[record["_kafka_key"]] = record  # a key lives in one partition, in order
+        deleted = [{source.key: key} for key, r in latest.items() if r["_tombstone"]]
+        live = [tuple(r)[2:] for r in latest.values() if not r["_tombstone"]]
+        rows: list[dict] = []
+        if live:
             session = batch.sparkSession
             with SQL_LOCK:
-                latest.filter(~F.col("_tombstone")).select(*columns).createOrReplaceTempView(
+                session.createDataFrame(live, schema=source.schema).createOrReplaceTempView(
                     source.name
                 )
-                _register_dimensions(session, settings, view)
+                dimensions.register(session)
                 output = session.sql(view.sql)
-            committer.commit(batch_id, _rows(output), deleted)
-        finally:
-            latest.unpersist()
+            rows = _rows(output)
+        committer.commit(batch_id, rows, deleted)
 
     return commit
 

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         "maxOffsetsPerTrigger), so catching up on a backlog runs in bounded batches. "
         "Default: no limit.",
     )
+    dimension_local_max_rows: int = Field(
+        200_000,
+        description="A dimension view (the static side of a stream-static join) with at "
+        "most this many rows is read once per Delta version into the driver instead of "
+        "being scanned by Spark every batch.",
+    )
     deadletter_trigger: str = Field(
         "10 seconds",
         description="Trigger interval of the dead-letter queries (one per source). They scan "
