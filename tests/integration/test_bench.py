@@ -1,4 +1,4 @@
-"""The engine and gateway benchmark groups, tiny, against the session's Kafka, Redis and
+"""The benchmark groups, tiny, against the session's Kafka, Redis and
 Spark: each must produce every figure (checked for being there and positive, never
 against a time)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from viewgate.bench import engine, gateway, results
+from viewgate.bench import engine, gateway, results, subscriptions
 from viewgate.bench.report import save_plot
 from viewgate.bench.runner import BenchContext, Sizes
 
@@ -24,6 +24,8 @@ TINY = Sizes(
     gateway_rounds=1,
     gateway_latency_s=1.5,
     gateway_warmup_s=0.3,
+    fanout=200,
+    fanout_connections=20,
 )
 
 
@@ -68,3 +70,14 @@ def test_gateway_group_reports_every_figure(spark, settings, tmp_path):
     assert written["query_point_latency_ms"]["count"] == 1_500  # 1.5 s at 1,000/s
     assert written["query_data"]["customer_rows"] >= 200
     assert written["query_data"]["list_pages"] >= 1
+    assert written["rebuild_rows"] == written["query_data"]["order_rows"]
+
+
+def test_subscriptions_group_reports_every_figure(spark, settings, tmp_path):
+    # Redis database 14: no other test uses it.
+    written = run_group(subscriptions.GROUP, spark, settings, tmp_path, redis_db=14)
+    assert written["freshness_samples"] >= 100
+    assert written["subscriptions_open"] == TINY.fanout
+    assert written["fanout_subscriptions"] == TINY.fanout
+    assert set(written["freshness_by_view"]) == {"Customer", "Order", "CustomerStats",
+                                                 "ProductSales"}

@@ -13,7 +13,8 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Quick mode, the default: under 3 min."),
     full: bool = typer.Option(False, "--full", help="Full mode: longer runs, under 15 min."),
     only: str = typer.Option(
-        None, "--only", help="Comma-separated groups to run (default: all): engine, gateway."
+        None, "--only", help="Comma-separated groups to run (default: all): engine, gateway, "
+        "subscriptions."
     ),
     out: Path = OutOption,
     engine_events: int = typer.Option(None, help="Order events per throughput run."),
@@ -25,6 +26,8 @@ def bench(
     gateway_seconds: float = typer.Option(None, help="Seconds of each saturation run."),
     gateway_rounds: int = typer.Option(None, help="Interleaved saturation rounds."),
     gateway_latency_seconds: float = typer.Option(None, help="Seconds of each fixed-rate run."),
+    fanout: int = typer.Option(None, help="Live subscriptions one change is fanned out to."),
+    fanout_connections: int = typer.Option(None, help="Websockets holding them."),
 ) -> None:
     """Measure viewgate on this machine: start Kafka and Redis of its own, run each group,
     merge the figures into <out>/results.json, print a table and save PNG plots."""
@@ -49,6 +52,8 @@ def bench(
         "gateway_seconds": gateway_seconds,
         "gateway_rounds": gateway_rounds,
         "gateway_latency_s": gateway_latency_seconds,
+        "fanout": fanout,
+        "fanout_connections": fanout_connections,
     }
     groups = [g.strip() for g in only.split(",") if g.strip()] if only else None
     try:

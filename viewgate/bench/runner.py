@@ -45,6 +45,8 @@ class Sizes:
     gateway_rounds: int  # interleaved saturation rounds (baseline, gateway, stock)
     gateway_latency_s: float  # each fixed-rate run, after gateway_warmup_s
     gateway_warmup_s: float  # load before each run's measured window
+    fanout: int  # live subscriptions one change is fanned out to
+    fanout_connections: int  # websockets holding them
 
 
 MODES: dict[str, Sizes] = {
@@ -62,6 +64,8 @@ MODES: dict[str, Sizes] = {
         gateway_rounds=2,
         gateway_latency_s=4,
         gateway_warmup_s=0.5,
+        fanout=10_000,
+        fanout_connections=1_000,
     ),
     "full": Sizes(
         engine_events=1_200_000,
@@ -75,6 +79,8 @@ MODES: dict[str, Sizes] = {
         gateway_rounds=5,
         gateway_latency_s=30,
         gateway_warmup_s=2,
+        fanout=20_000,
+        fanout_connections=2_000,
     ),
 }
 
@@ -156,9 +162,9 @@ def run_in_child(name: str, settings: Settings, sizes: Sizes, workdir: Path) -> 
 
 
 def all_groups() -> dict[str, Group]:
-    from viewgate.bench import engine, gateway
+    from viewgate.bench import engine, gateway, subscriptions
 
-    return {g.name: g for g in (engine.GROUP, gateway.GROUP)}
+    return {g.name: g for g in (engine.GROUP, gateway.GROUP, subscriptions.GROUP)}
 
 
 def select_groups(only: Sequence[str] | None) -> list[Group]:

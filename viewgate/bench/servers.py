@@ -54,6 +54,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """What a server process needs to read the same Redis and Delta as `settings`."""
     env = {
         "VIEWGATE_REDIS_URL": settings.redis_url,
+        "VIEWGATE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "VIEWGATE_DATA_DIR": str(settings.data_dir),
         "VIEWGATE_DELTA_ROOT": settings.delta_location,
     }

@@ -1,0 +1,245 @@
+"""The subscriptions group: from an event's production to a subscriber's message, and one
+change fanned out to 10,000 subscriptions held by one gateway process.
+
+Everything runs live: the demo views in the engine (engine.runner.start_all, Spark in
+this group's process), the gateway as `viewgate gateway` serves it (one uvicorn worker,
+a process of its own), and websocket clients in processes of their own
+(viewgate.bench.ws_clients, graphql-transport-ws).
+
+Freshness: a producer process writes demo traffic at a steady rate and records each
+event's Kafka offset and create time; one client subscribes to every view's change
+stream (`<view>Changes`) and notes when each version first reached it; a watcher notes
+which Kafka offsets each version covers (the view's meta in Redis). An event reached its
+subscriber when the first version past its offset did.
+
+Fan-out: client processes open `fanout_connections` websockets holding `fanout` live
+subscriptions of one customer in all; once every one has its current value, the customer
+is updated through Kafka. `fanout_10k_s` is the time from the first subscriber's copy of
+that change to the last one's (the engine's share, the same for one subscriber as for
+10,000, is reported apart as `fanout_from_event_s`). `subscription_rss_kb` is the gateway's
+resident memory growth over the subscriptions it holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from schema import demo
+from schema.catalog import Catalog, View
+from schema.settings import Settings
+from viewgate.bench.engine import (
+    _PLACED_ONLY,
+    VIEW,
+    _wait_caught_up,
+    _wait_started,
+    catalog_on_topics,
+    visibility_ms,
+)
+from viewgate.bench.gateway import customer_rows
+from viewgate.bench.report import Figure, Plot
+from viewgate.bench.runner import BenchContext, BenchError, Group, GroupResult
+from viewgate.bench.servers import running
+from viewgate.bench.stats import distribution
+from viewgate.bench.workers import Worker, new_event, produce_paced, watch_meta
+from viewgate.bench.ws_clients import hold_live, watch_versions
+
+TOPIC_PREFIX = "bench-subscriptions"
+FANOUT_WORKERS = 2  # client processes holding the fan-out subscriptions
+_SEED_CUSTOMERS = 200
+_WATCH_INTERVAL_S = 0.005
+
+FIGURES = (
+    Figure("freshness_p50_ms", "event produced -> subscriber's message, p50", "ms", below=500),
+    Figure("freshness_p99_ms", "event produced -> subscriber's message, p99", "ms",
+           below=1_500),
+    Figure("freshness_samples", "events measured", "events"),
+    Figure("subscriptions_open", "subscriptions held by one gateway process"),
+    Figure("fanout_10k_s", "one change to every subscription, first to last copy", "s",
+           below=1),
+    Figure("fanout_from_event_s", "the same change, produced -> last copy", "s"),
+    Figure("subscription_rss_kb", "gateway memory per subscription", "KiB"),
+)
+
+
+def changes_field(view: View) -> str:
+    return view.name[0].lower() + view.name[1:] + "Changes"
+
+
+def changes_query(view: View) -> str:
+    return f"subscription {{ {changes_field(view)} {{ op version }} }}"
+
+
+LIVE_CUSTOMER = ("subscription Live($id: String!) "
+                 "{ customer(customerId: $id) { op version row { name } } }")
+
+
+def _url(port: int) -> str:
+    return f"ws://127.0.0.1:{port}/graphql"
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise BenchError(f"no VmRSS for process {pid}")
+
+
+def _seed(settings: Settings, catalog: Catalog) -> None:
+    """Customers for the live subscriptions, through Kafka like every other event."""
+    from viewgate.bench.gateway import produce_records
+    from viewgate.demo_events import generate
+
+    topics = {demo.CATALOG.sources[s.name].topic: s.topic for s in catalog.sources.values()}
+    # The demo stream starts with its customers.
+    first = itertools.islice(generate(seed=31, customers=_SEED_CUSTOMERS), _SEED_CUSTOMERS)
+    produce_records(settings.kafka_bootstrap, [(topics[t], k, v) for t, k, v in first], catalog)
+
+
+def measure_freshness(ctx: BenchContext, settings: Settings, catalog: Catalog,
+                      port: int) -> tuple[dict[str, Any], Plot]:
+    sizes = ctx.sizes
+    renamed = {demo.CATALOG.sources[n].topic: s.topic for n, s in catalog.sources.items()}
+    view_topics = {name: catalog.source_of(v).topic for name, v in catalog.views.items()}
+    stop, subscribed = new_event(), new_event()
+    workers: list[Worker] = []
+    try:
+        watcher = Worker("meta watcher", watch_meta, settings.redis_url, list(catalog.views),
+                         stop, _WATCH_INTERVAL_S)
+        subscriber = Worker(
+            "change subscriber", watch_versions, _url(port),
+            {name: (changes_query(v), changes_field(v)) for name, v in catalog.views.items()},
+            subscribed, stop)
+        workers += [watcher, subscriber]
+        if not subscribed.wait(60):
+            raise BenchError("the change subscriber did not subscribe within 60 s")
+        ctx.say(f"subscribed to every view's changes; producing demo events at "
+                f"{sizes.freshness_rate:,.0f}/s for {sizes.freshness_s:.0f} s")
+        producer = Worker("producer", produce_paced, settings.kafka_bootstrap, renamed,
+                          sizes.freshness_rate, sizes.freshness_s, 9)
+        workers.append(producer)
+        deliveries = producer.result(timeout_s=sizes.freshness_s + 120)
+        behind = _wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
+        if behind:
+            raise BenchError(f"views {behind} did not catch up within 120 s of the last event")
+        # The last versions are in Redis; give their feed messages the same deadline.
+        stop.set()
+        observed = watcher.result(timeout_s=60)
+        received = subscriber.result(timeout_s=60)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.stop()
+    counted_from = min(d[3] for d in deliveries) + sizes.freshness_warmup_s * 1000
+    by_view: dict[str, dict[str, float]] = {}
+    samples: dict[str, list[float]] = {}
+    for view, topic in view_topics.items():
+        mine = [d for d in deliveries if d[0] == topic and d[3] >= counted_from
+                and (view not in _PLACED_ONLY or d[4])]
+        latencies, unresolved = visibility_ms(mine, received[view], observed[view]["offsets"])
+        if latencies:
+            samples[view] = latencies
+            by_view[view] = {**{k: round(v, 1) for k, v in distribution(latencies).items()},
+                             "unresolved": unresolved}
+    if VIEW not in samples:
+        raise BenchError(f"no {VIEW} event could be matched to a message a subscriber got")
+    figures = {
+        "freshness_p50_ms": by_view[VIEW]["p50"],
+        "freshness_p99_ms": by_view[VIEW]["p99"],
+        "freshness_samples": by_view[VIEW]["count"],
+        "freshness_view": VIEW,
+        "freshness_by_view": by_view,
+    }
+    ordered = {VIEW: samples.pop(VIEW), **samples}
+    plot = Plot("subscription_freshness.png",
+                f"Event produced -> subscriber's message, demo views live at "
+                f"{sizes.freshness_rate:,.0f} events/s", ordered,
+                notes=["histogram: CustomerStats; right: every view"])
+    return figures, plot
+
+
+def measure_fanout(ctx: BenchContext, settings: Settings, catalog: Catalog, port: int,
+                   gateway_pid: int) -> dict[str, Any]:
+    from viewgate.bench.gateway import produce_records
+
+    sizes = ctx.sizes
+    rows = customer_rows(settings)
+    if not rows:
+        raise BenchError("no Customer rows to subscribe to")
+    key = sorted(rows)[0]
+    per_worker = sizes.fanout_connections // FANOUT_WORKERS
+    per_connection = max(1, sizes.fanout // sizes.fanout_connections)
+    total = per_worker * FANOUT_WORKERS * per_connection
+    marker = f"fanout-{time.time_ns()}"
+    rss_before = _rss_kb(gateway_pid)
+    stop = new_event()
+    readies = [new_event() for _ in range(FANOUT_WORKERS)]
+    ctx.say(f"opening {total:,} live subscriptions of customer {key} over "
+            f"{per_worker * FANOUT_WORKERS:,} websockets")
+    workers = [Worker(f"fan-out clients {i}", hold_live, _url(port), per_worker, per_connection,
+                      LIVE_CUSTOMER, {"id": key}, ready, stop, [marker])
+               for i, ready in enumerate(readies)]
+    try:
+        deadline = time.monotonic() + 300
+        for ready in readies:
+            if not ready.wait(max(0.0, deadline - time.monotonic())):
+                raise BenchError(f"{total:,} subscriptions were not all open within 300 s")
+        rss_after = _rss_kb(gateway_pid)
+        row = dict(rows[key], name=marker)
+        produced_ms = time.time() * 1000
+        produce_records(settings.kafka_bootstrap, [(catalog.sources["customers"].topic, key,
+                                                    json.dumps(row).encode())], catalog)
+        ctx.say(f"updated customer {key}; waiting for {total:,} copies")
+        outcomes = [w.result(timeout_s=120) for w in workers]
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.stop()
+    initial = sum(o["initial"] for o in outcomes)
+    received = sorted(t for o in outcomes for t in o["received"])
+    failed = [f for o in outcomes for f in o["failed"]]
+    if len(received) < total:
+        raise BenchError(f"{len(received):,} of {total:,} subscriptions got the change "
+                         f"({initial:,} had their current value); failures: {failed[:3]}")
+    return {
+        "subscriptions_open": initial,
+        "fanout_subscriptions": total,
+        "fanout_connections": per_worker * FANOUT_WORKERS,
+        "fanout_10k_s": round((received[-1] - received[0]) / 1000, 4),
+        "fanout_from_event_s": round((received[-1] - produced_ms) / 1000, 3),
+        "fanout_first_copy_s": round((received[0] - produced_ms) / 1000, 3),
+        "subscription_rss_kb": round((rss_after - rss_before) / total, 2),
+        "gateway_rss_kb": {"before": rss_before, "with_subscriptions": rss_after},
+    }
+
+
+def run(ctx: BenchContext) -> GroupResult:
+    from engine.runner import start_all
+
+    settings = ctx.isolated("subscriptions")
+    catalog = catalog_on_topics(demo.CATALOG, TOPIC_PREFIX)
+    spark = ctx.spark()
+    ctx.say(f"starting the engine on the demo views ({', '.join(catalog.views)})")
+    _seed(settings, catalog)
+    queries = start_all(spark, settings, catalog)
+    try:
+        _wait_started(queries, 300)
+        with running(["gateway"], settings, ctx.workdir / "servers") as servers:
+            gateway = servers["gateway"]
+            fresh, plot = measure_freshness(ctx, settings, catalog, gateway.port)
+            fanout = measure_fanout(ctx, settings, catalog, gateway.port, gateway.pid)
+    finally:
+        for query in queries:
+            query.stop()
+    return GroupResult({**fresh, **fanout}, [plot])
+
+
+GROUP = Group(
+    name="subscriptions",
+    description="event produced -> subscriber; one change to 10,000 live subscriptions",
+    figures=FIGURES,
+    run=run,
+)

@@ -1,0 +1,156 @@
+"""Websocket subscribers for the subscriptions group, each run in a process of its own
+(viewgate.bench.workers.Worker), speaking graphql-transport-ws with the `websockets`
+library, as a browser's graphql-ws client would.
+
+Receive times are wall-clock milliseconds (time.time()), comparable with the Kafka
+create times of the produced events on the same machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PROTOCOL = "graphql-transport-ws"
+
+
+class SubscriptionFailed(RuntimeError):
+    pass
+
+
+async def _open(url: str) -> Any:
+    import websockets
+
+    ws = await websockets.connect(url, subprotocols=[PROTOCOL], max_queue=None,
+                                  open_timeout=60, ping_interval=None)
+    await ws.send(json.dumps({"type": "connection_init", "payload": {}}))
+    while True:
+        message = json.loads(await ws.recv())
+        if message["type"] == "connection_ack":
+            return ws
+        if message["type"] == "ping":
+            await ws.send(json.dumps({"type": "pong"}))
+            continue
+        raise SubscriptionFailed(f"expected connection_ack, got {message}")
+
+
+async def _subscribe(ws: Any, sub_id: str, query: str, variables: Mapping[str, Any]) -> None:
+    await ws.send(json.dumps({"id": sub_id, "type": "subscribe",
+                              "payload": {"query": query, "variables": dict(variables)}}))
+
+
+def _payload(message: dict[str, Any]) -> dict[str, Any]:
+    """The data of a `next` message; a GraphQL or protocol error raises."""
+    if message["type"] == "error":
+        raise SubscriptionFailed(f"subscription {message.get('id')}: {message.get('payload')}")
+    payload = message.get("payload") or {}
+    if payload.get("errors"):
+        raise SubscriptionFailed(f"subscription {message.get('id')}: {payload['errors']}")
+    return payload.get("data") or {}
+
+
+def watch_versions(url: str, subscriptions: Mapping[str, tuple[str, str]], ready: Any,
+                   stop: Any) -> dict[str, list[tuple[int, float]]]:
+    """One connection with one subscription per name: name -> (query, the field to read).
+    Each message's field carries a `version`; returns, per name, when each version was
+    first received ([(version, ms)]). Sets `ready` once subscribed, runs until `stop`."""
+
+    async def main() -> dict[str, list[tuple[int, float]]]:
+        ws = await _open(url)
+        names = list(subscriptions)
+        seen: dict[str, dict[int, float]] = {name: {} for name in names}
+        try:
+            for i, name in enumerate(names):
+                await _subscribe(ws, str(i), subscriptions[name][0], {})
+            ready.set()
+            while not stop.is_set():
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), timeout=0.2)
+                except TimeoutError:
+                    continue
+                now_ms = time.time() * 1000
+                message = json.loads(raw)
+                if message["type"] == "ping":
+                    await ws.send(json.dumps({"type": "pong"}))
+                    continue
+                if message["type"] not in ("next", "error"):
+                    continue
+                name = names[int(message["id"])]
+                change = _payload(message)[subscriptions[name][1]]
+                seen[name].setdefault(int(change["version"]), now_ms)
+        finally:
+            await ws.close()
+        return {name: sorted(versions.items()) for name, versions in seen.items()}
+
+    return asyncio.run(main())
+
+
+def hold_live(url: str, connections: int, per_connection: int, query: str,
+              variables: Mapping[str, Any], ready: Any, stop: Any,
+              wanted: Sequence[str]) -> dict[str, Any]:
+    """Open `connections` websockets with `per_connection` identical subscriptions each.
+    Every subscription's first message is its current value; once all have one, `ready`
+    is set. Afterwards, records when each subscription receives a message whose JSON
+    contains every string of `wanted` (the awaited change), until all have or `stop`.
+    Returns {"initial": subscriptions that got their current value, "received": [ms, ...],
+    "failed": [the first reasons]}."""
+
+    async def main() -> dict[str, Any]:
+        total = connections * per_connection
+        initial = 0
+        received: list[float] = []
+        failed: list[str] = []
+        all_initial = asyncio.Event()
+        all_received = asyncio.Event()
+
+        async def one(index: int) -> None:
+            nonlocal initial
+            try:
+                ws = await _open(url)
+            except Exception as exc:  # noqa: BLE001 - counted and reported, not fatal
+                failed.append(f"connect: {exc}")
+                return
+            try:
+                for j in range(per_connection):
+                    await _subscribe(ws, f"{index}-{j}", query, variables)
+                firsts: set[str] = set()
+                while True:
+                    raw = await ws.recv()
+                    message = json.loads(raw)
+                    if message["type"] == "ping":
+                        await ws.send(json.dumps({"type": "pong"}))
+                        continue
+                    if message["type"] not in ("next", "error"):
+                        continue
+                    _payload(message)
+                    if message["id"] not in firsts:
+                        firsts.add(message["id"])
+                        initial += 1
+                        if initial == total:
+                            all_initial.set()
+                    elif all(w in raw for w in wanted):
+                        received.append(time.time() * 1000)
+                        if len(received) == total:
+                            all_received.set()
+            except Exception as exc:  # noqa: BLE001 - a closed socket ends this one
+                if not stop.is_set():
+                    failed.append(str(exc))
+            finally:
+                await ws.close()
+
+        tasks = [asyncio.create_task(one(i)) for i in range(connections)]
+        while not all_initial.is_set() and not stop.is_set() and len(failed) < total:
+            await asyncio.sleep(0.05)  # polls a cross-process Event: no await-able form
+        ready.set()
+        while not all_received.is_set() and not stop.is_set():
+            await asyncio.sleep(0.05)
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return {"initial": initial, "received": received, "failed": failed[:5]}
+
+    return asyncio.run(main())
