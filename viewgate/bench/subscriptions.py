@@ -37,6 +37,9 @@ from viewgate.bench.engine import (
     _wait_caught_up,
     _wait_started,
     catalog_on_topics,
+    commit_timings,
+    profile,
+    progress_dicts,
     visibility_ms,
 )
 from viewgate.bench.gateway import customer_rows
@@ -218,22 +221,31 @@ def measure_fanout(ctx: BenchContext, settings: Settings, catalog: Catalog, port
 
 def run(ctx: BenchContext) -> GroupResult:
     from engine.runner import start_all
+    from engine.views import parse_query_name
 
     settings = ctx.isolated("subscriptions")
     catalog = catalog_on_topics(demo.CATALOG, TOPIC_PREFIX)
     spark = ctx.spark()
     ctx.say(f"starting the engine on the demo views ({', '.join(catalog.views)})")
     _seed(settings, catalog)
-    queries = start_all(spark, settings, catalog)
-    try:
-        _wait_started(queries, 300)
-        with running(["gateway"], settings, ctx.workdir / "servers") as servers:
-            gateway = servers["gateway"]
-            fresh, plot = measure_freshness(ctx, settings, catalog, gateway.port)
-            fanout = measure_fanout(ctx, settings, catalog, gateway.port, gateway.pid)
-    finally:
-        for query in queries:
-            query.stop()
+    with commit_timings() as timings:
+        queries = start_all(spark, settings, catalog)
+        try:
+            _wait_started(queries, 300)
+            with running(["gateway"], settings, ctx.workdir / "servers") as servers:
+                gateway = servers["gateway"]
+                fresh, plot = measure_freshness(ctx, settings, catalog, gateway.port)
+                # Where the engine's share of the freshness goes, per view (Spark's
+                # progress and the commit's steps, while the events were produced).
+                fresh["freshness_engine_profile_ms"] = {
+                    name: profile(progress_dicts(q), timings.by_view.get(name, {}))
+                    for q in queries
+                    if (name := (parse_query_name(q.name) or (q.name,))[0]) in catalog.views
+                }
+                fanout = measure_fanout(ctx, settings, catalog, gateway.port, gateway.pid)
+        finally:
+            for query in queries:
+                query.stop()
     return GroupResult({**fresh, **fanout}, [plot])
 
 
