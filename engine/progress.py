@@ -1,41 +1,74 @@
-"""Count each view's late events (those behind its watermark, which Spark drops) from
-Spark's query progress into the view's Redis meta hash."""
+"""Record what Spark's query progress says about each view into its Redis meta hash: late
+events (those behind its watermark, which Spark drops), input and processing rates, the
+last batch's duration, and why the view's query stopped if it failed. `viewgate status`
+and the gateway read them from there."""
 
 from __future__ import annotations
+
+import json
+import time
 
 import redis
 from pyspark.sql.streaming import StreamingQueryListener
 
 from engine.views import parse_query_name
-from schema.storage import META_LATE_EVENTS, meta_key
+from schema.storage import (
+    META_BATCH_MS,
+    META_INPUT_RATE,
+    META_LAST_ERROR,
+    META_LATE_EVENTS,
+    META_PROCESSING_RATE,
+    META_PROGRESS_AT_MS,
+    meta_key,
+)
 
 # Fenced on the batch id per generation, so a replayed progress event does not count late
-# events twice; a rebuild's generation keeps its own count until it is switched in (the
-# same "name:g<gen>" scheme as schema.storage.APPLY_BATCH_LUA).
-_COUNT_LATE_LUA = f"""
+# events twice; a rebuild's generation keeps its own figures until it is switched in (the
+# same "name:g<gen>" scheme as schema.storage.APPLY_BATCH_LUA). A batch that got through
+# clears the last error.
+_RECORD_PROGRESS_LUA = f"""
 local live = redis.call('HGET', KEYS[1], 'generation')
 local gen = ARGV[2]
 if live and tonumber(gen) < tonumber(live) then return -1 end
 local g = ':g' .. gen
+local is_live = (not live) or live == gen
 local seen = redis.call('HGET', KEYS[1], 'progress_batch' .. g)
 if seen and tonumber(seen) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'progress_batch' .. g, ARGV[1])
 local late = redis.call('HINCRBY', KEYS[1], '{META_LATE_EVENTS}' .. g, ARGV[3])
-if (not live) or live == gen then
-  redis.call('HSET', KEYS[1], '{META_LATE_EVENTS}', late)
+local fields = cjson.decode(ARGV[4])
+fields['{META_LATE_EVENTS}'] = late
+redis.call('HDEL', KEYS[1], '{META_LAST_ERROR}' .. g)
+if is_live then redis.call('HDEL', KEYS[1], '{META_LAST_ERROR}') end
+for name, value in pairs(fields) do
+  redis.call('HSET', KEYS[1], name .. g, tostring(value))
+  if is_live then redis.call('HSET', KEYS[1], name, tostring(value)) end
 end
 return 1
 """
+
+_RECORD_ERROR_LUA = f"""
+local live = redis.call('HGET', KEYS[1], 'generation')
+local gen = ARGV[1]
+if live and tonumber(gen) < tonumber(live) then return -1 end
+redis.call('HSET', KEYS[1], '{META_LAST_ERROR}:g' .. gen, ARGV[2])
+if (not live) or live == gen then redis.call('HSET', KEYS[1], '{META_LAST_ERROR}', ARGV[2]) end
+return 1
+"""
+
+_ERROR_CHARS = 2_000
 
 
 class ProgressRecorder(StreamingQueryListener):
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
         self.redis = redis.Redis.from_url(redis_url)
-        self.count_late = self.redis.register_script(_COUNT_LATE_LUA)
+        self.record_progress = self.redis.register_script(_RECORD_PROGRESS_LUA)
+        self.record_error = self.redis.register_script(_RECORD_ERROR_LUA)
+        self.names: dict[str, str] = {}  # query id -> query name, for terminations
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's API
-        pass
+        self.names[str(event.id)] = event.name
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
         progress = event.progress
@@ -44,13 +77,28 @@ class ProgressRecorder(StreamingQueryListener):
             return
         view, generation = named
         late = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
+        stats = {
+            META_INPUT_RATE: round(progress.inputRowsPerSecond or 0.0, 1),
+            META_PROCESSING_RATE: round(progress.processedRowsPerSecond or 0.0, 1),
+            META_BATCH_MS: int(progress.batchDuration or 0),
+            META_PROGRESS_AT_MS: int(time.time() * 1000),
+        }
         try:
-            self.count_late(keys=[meta_key(view)], args=[progress.batchId, generation, late])
+            self.record_progress(keys=[meta_key(view)],
+                                 args=[progress.batchId, generation, late, json.dumps(stats)])
         except redis.RedisError:
-            pass  # informational; a lost count is the price of not failing the query
+            pass  # informational; a lost figure is the price of not failing the query
 
     def onQueryIdle(self, event) -> None:  # noqa: N802
         pass
 
     def onQueryTerminated(self, event) -> None:  # noqa: N802
-        pass
+        named = parse_query_name(self.names.pop(str(event.id), None))
+        if named is None or not event.exception:
+            return
+        view, generation = named
+        message = str(event.exception).strip().splitlines()[0][:_ERROR_CHARS]
+        try:
+            self.record_error(keys=[meta_key(view)], args=[generation, message])
+        except redis.RedisError:
+            pass

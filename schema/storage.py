@@ -290,6 +290,12 @@ META_WATERMARK = "watermark"
 META_COMMITTED_AT_MS = "committed_at_ms"
 META_LATE_EVENTS = "late_events"
 META_DEAD_LETTERS = "dead_letters"
+# Recorded from Spark's query progress (engine.progress), per generation like the rest.
+META_INPUT_RATE = "input_rows_per_s"
+META_PROCESSING_RATE = "processed_rows_per_s"
+META_BATCH_MS = "batch_ms"
+META_PROGRESS_AT_MS = "progress_at_ms"
+META_LAST_ERROR = "last_error"
 
 
 def generation_field(name: str, generation: int) -> str:
@@ -320,6 +326,11 @@ class ViewMeta:
     committed_at_ms: int = 0
     late_events: int = 0
     dead_letters: int = 0
+    input_rate: float = 0.0  # rows/s arriving, over the last batch
+    processing_rate: float = 0.0  # rows/s processed, over the last batch
+    batch_ms: int = 0  # the last batch's trigger execution
+    progress_at_ms: int = 0  # when Spark last reported on the query
+    last_error: str = ""  # why the view's query last stopped with an error, if it did
 
     def to_fields(self) -> dict[str, str]:
         """Every value a string: the Lua script stores them as given."""
@@ -331,6 +342,11 @@ class ViewMeta:
             META_COMMITTED_AT_MS: str(self.committed_at_ms),
             META_LATE_EVENTS: str(self.late_events),
             META_DEAD_LETTERS: str(self.dead_letters),
+            META_INPUT_RATE: str(self.input_rate),
+            META_PROCESSING_RATE: str(self.processing_rate),
+            META_BATCH_MS: str(self.batch_ms),
+            META_PROGRESS_AT_MS: str(self.progress_at_ms),
+            META_LAST_ERROR: self.last_error,
         }
 
     @classmethod
@@ -345,6 +361,11 @@ class ViewMeta:
             committed_at_ms=int(f.get(META_COMMITTED_AT_MS) or 0),
             late_events=int(f.get(META_LATE_EVENTS) or 0),
             dead_letters=int(f.get(META_DEAD_LETTERS) or 0),
+            input_rate=float(f.get(META_INPUT_RATE) or 0),
+            processing_rate=float(f.get(META_PROCESSING_RATE) or 0),
+            batch_ms=int(f.get(META_BATCH_MS) or 0),
+            progress_at_ms=int(f.get(META_PROGRESS_AT_MS) or 0),
+            last_error=f.get(META_LAST_ERROR, ""),
         )
 
 

@@ -110,6 +110,43 @@ def engine(catalog: str = CatalogOption) -> None:
 
 
 @app.command()
+def status(
+    catalog: str = CatalogOption,
+    watch: bool = typer.Option(False, "--watch", help="Refresh until Ctrl-C."),
+    interval: float = typer.Option(1.0, help="Seconds between refreshes with --watch."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Every view's generation, version, last commit, watermark, lag behind its source
+    topic, input and processing rates, batch time, late and dead-lettered events, and the
+    last error of its query."""
+    import json
+    import time
+
+    import redis
+    from rich.live import Live
+
+    from schema.loader import load_catalog
+    from viewgate.status import collect, render
+
+    settings = get_settings()
+    loaded = load_catalog(catalog or settings.catalog)
+    try:
+        if as_json:
+            print(json.dumps([r.as_dict() for r in collect(settings, loaded)], indent=2))
+        elif not watch:
+            console.print(render(collect(settings, loaded)))
+        else:
+            with Live(render(collect(settings, loaded)), console=console) as live:
+                while True:
+                    time.sleep(interval)  # a refresh period, not a wait for a condition
+                    live.update(render(collect(settings, loaded)))
+    except redis.RedisError as error:
+        _fail(RuntimeError(f"Redis at {settings.redis_url} did not answer: {error}"))
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
 def rebuild(
     view: str = typer.Argument(..., help="The view to recompute, e.g. CustomerStats."),
     catalog: str = CatalogOption,

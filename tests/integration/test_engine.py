@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pyarrow as pa
@@ -32,6 +33,8 @@ from shop_views import (
 
 from engine.analysis import analyse
 from engine.commit import ViewCommitter
+from engine.progress import ProgressRecorder
+from engine.views import query_name as _query_name
 from schema import demo
 from schema.catalog import Catalog
 from schema.storage import (
@@ -42,6 +45,7 @@ from schema.storage import (
     meta_key,
 )
 from viewgate.stack.process import wait_until
+from viewgate.status import ViewStatus, collect
 
 pytestmark = pytest.mark.integration
 
@@ -291,6 +295,45 @@ def test_offsets_and_watermark_are_recorded_with_each_commit_in_redis_and_delta(
     sales = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSales")))
     newest_event = max(ts(json.loads(v)["ts"]) for _, _, v in shop["orders"] if v)
     assert ts(sales.watermark) == newest_event - datetime.timedelta(seconds=30)
+
+
+def test_status_shows_every_view_caught_up_with_spark_progress(shop):
+    settings, catalog = shop["settings"], shop["catalog"]
+
+    def rows() -> dict[str, ViewStatus]:
+        return {r.view: r for r in collect(settings, catalog)}
+
+    # Spark reports progress asynchronously, after each batch.
+    wait_until(lambda: all(r.batch_ms > 0 for r in rows().values()), timeout_s=30,
+               what="every view's batch time in its meta")
+    status = rows()
+    assert set(status) == set(catalog.views)
+    for row in status.values():
+        assert row.version >= 0 and row.committed_at_ms > 0, row
+        assert row.lag == 0 and row.last_error == "", row
+    for view in ("Order", "CustomerStats", "ProductSales"):
+        assert status[view].dead_letters == len(BAD_ORDERS)
+    assert status["ProductSales"].watermark and status["ProductSales"].late_events >= 1
+
+
+def test_a_failed_query_leaves_its_reason_until_a_batch_gets_through(shop):
+    client, view = shop["redis"], "FailingView"
+    recorder = ProgressRecorder(shop["settings"].redis_url)
+    query_id = "11111111-2222-3333-4444-555555555555"
+    name = _query_name(SimpleNamespace(name=view), 0)
+    recorder.onQueryStarted(SimpleNamespace(id=query_id, name=name))
+    recorder.onQueryTerminated(SimpleNamespace(
+        id=query_id, exception="org.apache.spark.SparkException: the sink failed\n\tat ..."))
+    meta = ViewMeta.from_fields(client.hgetall(meta_key(view)))
+    assert meta.last_error == "org.apache.spark.SparkException: the sink failed"
+    progress = SimpleNamespace(
+        name=name, batchId=7, stateOperators=[], inputRowsPerSecond=12.0,
+        processedRowsPerSecond=30.5, batchDuration=250)
+    recorder.onQueryProgress(SimpleNamespace(progress=progress))
+    meta = ViewMeta.from_fields(client.hgetall(meta_key(view)))
+    assert meta.last_error == "" and meta.batch_ms == 250
+    assert meta.input_rate == 12.0 and meta.processing_rate == 30.5
+    client.delete(meta_key(view))
 
 
 def test_a_replayed_batch_changes_neither_redis_nor_delta(shop):
