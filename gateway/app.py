@@ -14,6 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from strawberry.types import ExecutionContext
 
+from gateway.dashboard_page import dashboard_routes
 from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
 from gateway.limits import schema_extensions
@@ -91,6 +92,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
+            *dashboard_routes(settings.gateway_dashboard_dir),
         ],
         lifespan=lifespan,
     )

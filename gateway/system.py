@@ -5,6 +5,7 @@ on and of each view's last commit. Every value is read live at query time.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis.asyncio as aioredis
 import strawberry
@@ -80,6 +81,8 @@ class ViewStatus:
     version: int | None
     generation: int
     committed_at_ms: int | None
+    since_commit_ms: int | None = strawberry.field(
+        description="Milliseconds since the view's last commit, by the gateway's clock.")
     watermark: str | None
     late_events: int
     dead_letters: int
@@ -92,6 +95,7 @@ def views_resolver(catalog: Catalog, redis_client: aioredis.Redis):
             for name in catalog.views:
                 pipe.hgetall(meta_key(name))
             metas = await pipe.execute()
+        now_ms = int(time.time() * 1000)
         result = []
         for name, fields in zip(catalog.views, metas, strict=True):
             meta = ViewMeta.from_fields(fields)
@@ -103,6 +107,8 @@ def views_resolver(catalog: Catalog, redis_client: aioredis.Redis):
                     version=meta.version if committed else None,
                     generation=meta.generation,
                     committed_at_ms=meta.committed_at_ms or None,
+                    since_commit_ms=max(0, now_ms - meta.committed_at_ms)
+                    if meta.committed_at_ms else None,
                     watermark=meta.watermark or None,
                     late_events=meta.late_events,
                     dead_letters=meta.dead_letters,

@@ -120,6 +120,12 @@ class Settings(BaseSettings):
         description="How long a point read reuses the view meta (version, watermark) read "
         "with the last rows; 0 reads it with every request.",
     )
+    gateway_dashboard_dir: Path | None = Field(
+        None,
+        description="Folder of the live dashboard (index.html and dist/dashboard.js) the "
+        "gateway serves at /dashboard. Default: the repository's dashboard/, built by "
+        "`viewgate setup`.",
+    )
     gateway_document_cache_size: int = Field(
         1_000, description="Parsed and validated documents the gateway keeps."
     )

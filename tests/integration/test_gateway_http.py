@@ -198,3 +198,21 @@ def test_concurrent_requests_do_not_share_state(gateway_client, gateway_shop):
     for t in threads:
         t.join(30)
     assert results == {k: k for k in keys}
+
+
+def test_the_dashboard_page_and_its_bundle_are_served(gateway_client, gateway_shop, tmp_path):
+    from viewgate.stack.dashboard import build_dashboard
+
+    build_dashboard()
+    page = gateway_client.get("/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<script type="module" src="/dashboard/dashboard.js">' in page.text
+    bundle = gateway_client.get("/dashboard/dashboard.js")
+    assert bundle.status_code == 200
+    assert bundle.headers["content-type"].startswith("text/javascript")
+    assert "customerStatsList" in bundle.text  # the live list it subscribes to
+    # A gateway whose dashboard folder was never built says how to build it.
+    unbuilt = gateway_shop.settings.model_copy(update={"gateway_dashboard_dir": tmp_path})
+    with TestClient(create_app(unbuilt, gateway_shop.catalog)) as client:
+        answer = client.get("/dashboard")
+    assert answer.status_code == 503 and "viewgate setup" in answer.text

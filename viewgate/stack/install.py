@@ -8,6 +8,7 @@ import subprocess
 
 from schema.settings import Settings
 from viewgate.stack import jars
+from viewgate.stack.dashboard import build_dashboard
 from viewgate.stack.errors import StackError
 from viewgate.stack.kafka import java_executable
 
@@ -34,28 +35,36 @@ def ensure_java() -> None:
 
 
 def ensure_redis_server(timeout_s: float = 900) -> None:
-    if shutil.which("redis-server"):
-        return
+    apt_install("redis-server", "redis-server", timeout_s)
+
+
+def apt_install(package: str, executable: str, timeout_s: float = 900) -> str:
+    """The path of `executable`, installing Debian's `package` first if it is missing."""
+    found = shutil.which(executable)
+    if found:
+        return found
     if os.geteuid() == 0:
         prefix: list[str] = []
     elif shutil.which("sudo"):
         prefix = ["sudo", "-n"]
     else:
         raise StackError(
-            "redis-server is missing and we are not root: run `apt-get install redis-server`."
+            f"{executable} is missing and we are not root: run `apt-get install {package}`."
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "redis-server"]):
+    for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
         result = subprocess.run(
             prefix + args, capture_output=True, text=True, timeout=timeout_s, env=env
         )
         if result.returncode != 0:
             raise StackError(
-                f"`{' '.join(args)}` failed; install Debian's redis-server by hand.\n"
+                f"`{' '.join(args)}` failed; install Debian's {package} by hand.\n"
                 + result.stderr[-2000:]
             )
-    if not shutil.which("redis-server"):
-        raise StackError("apt-get installed redis-server but it is not on PATH.")
+    found = shutil.which(executable)
+    if not found:
+        raise StackError(f"apt-get installed {package} but {executable} is not on PATH.")
+    return found
 
 
 def setup(settings: Settings, say=print) -> None:
@@ -69,3 +78,4 @@ def setup(settings: Settings, say=print) -> None:
             continue
         folder = jars.resolve(settings.jar_dir, bundle, settings.maven_repository)
         say(f"{bundle} jars: {folder} ({len(list(folder.glob('*.jar')))} jars)")
+    say(f"dashboard: {build_dashboard()}")
