@@ -9,6 +9,7 @@ import redis
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 
+from engine.metrics import observe_dead_letters
 from schema.catalog import Catalog, Source, parse_ddl
 from schema.storage import META_DEAD_LETTERS, deadletter_topic, meta_key
 
@@ -86,6 +87,8 @@ class DeadLetterWriter:
             self.producer.poll(0)
         if self.producer.flush(60):
             raise RuntimeError(f"dead-letter topic {self.topic}: records left undelivered")
-        self.count_once(
+        counted = self.count_once(
             keys=[f"vg:dlq:{self.source.name}", *self.meta_keys], args=[batch_id, len(rows)]
         )
+        if counted == 1:  # not a replayed batch
+            observe_dead_letters(self.source.name, len(rows))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 import threading
 
+from prometheus_client import start_http_server
+
 from engine.runner import Engine
 from engine.spark import build_spark
 from schema.catalog import Catalog
@@ -15,6 +17,13 @@ def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if settings.engine_metrics_port:
+        try:
+            start_http_server(settings.engine_metrics_port, addr=settings.engine_metrics_host)
+            say(f"engine: metrics at http://{settings.engine_metrics_host}:"
+                f"{settings.engine_metrics_port}/metrics")
+        except OSError as error:  # the views matter more than their metrics
+            say(f"engine: no metrics, port {settings.engine_metrics_port}: {error}")
     spark = build_spark(settings)
     try:
         engine = Engine(spark, settings, catalog)

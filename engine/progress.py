@@ -11,6 +11,7 @@ import time
 import redis
 from pyspark.sql.streaming import StreamingQueryListener
 
+from engine.metrics import observe_failure, observe_progress
 from engine.views import parse_query_name
 from schema.storage import (
     META_BATCH_MS,
@@ -76,6 +77,7 @@ class ProgressRecorder(StreamingQueryListener):
         if named is None:
             return
         view, generation = named
+        observe_progress(view, progress)
         late = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         stats = {
             META_INPUT_RATE: round(progress.inputRowsPerSecond or 0.0, 1),
@@ -97,6 +99,7 @@ class ProgressRecorder(StreamingQueryListener):
         if named is None or not event.exception:
             return
         view, generation = named
+        observe_failure(view)
         message = str(event.exception).strip().splitlines()[0][:_ERROR_CHARS]
         try:
             self.record_error(keys=[meta_key(view)], args=[generation, message])

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         "maxOffsetsPerTrigger), so catching up on a backlog runs in bounded batches. "
         "Default: no limit.",
     )
+    engine_metrics_port: int = Field(
+        9464, description="Port of the engine's Prometheus /metrics; 0 turns it off."
+    )
+    engine_metrics_host: str = Field(
+        "127.0.0.1", description="Address the engine's /metrics listens on."
+    )
     dimension_local_max_rows: int = Field(
         200_000,
         description="A dimension view (the static side of a stream-static join) with at "

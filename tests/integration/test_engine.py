@@ -15,6 +15,7 @@ import redis
 import strawberry
 from confluent_kafka import Consumer
 from deltalake import DeltaTable
+from prometheus_client import REGISTRY
 from shop_views import (
     catalog_on,
     delta_frame,
@@ -316,6 +317,18 @@ def test_status_shows_every_view_caught_up_with_spark_progress(shop):
     assert status["ProductSales"].watermark and status["ProductSales"].late_events >= 1
 
 
+def test_engine_metrics_count_late_and_dead_lettered_events(shop):
+    # Counters of this process (the engine ran in it); other tests' engines add to them.
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0
+
+    wait_until(lambda: sample("viewgate_view_late_events_total", view="ProductSales") >= 1,
+               timeout_s=30, what="the late event in the engine's metrics")
+    assert sample("viewgate_dead_letters_total", source="orders") >= len(BAD_ORDERS)
+    assert sample("viewgate_view_batch_duration_seconds_count", view="CustomerStats") >= 1
+    assert sample("viewgate_view_kafka_lag_events", view="CustomerStats") == 0
+
+
 def test_a_failed_query_leaves_its_reason_until_a_batch_gets_through(shop):
     client, view = shop["redis"], "FailingView"
     recorder = ProgressRecorder(shop["settings"].redis_url)
@@ -328,7 +341,8 @@ def test_a_failed_query_leaves_its_reason_until_a_batch_gets_through(shop):
     assert meta.last_error == "org.apache.spark.SparkException: the sink failed"
     progress = SimpleNamespace(
         name=name, batchId=7, stateOperators=[], inputRowsPerSecond=12.0,
-        processedRowsPerSecond=30.5, batchDuration=250)
+        processedRowsPerSecond=30.5, batchDuration=250, numInputRows=60, sources=[],
+        eventTime={}, timestamp="2026-11-23T00:00:00.000Z")
     recorder.onQueryProgress(SimpleNamespace(progress=progress))
     meta = ViewMeta.from_fields(client.hgetall(meta_key(view)))
     assert meta.last_error == "" and meta.batch_ms == 250

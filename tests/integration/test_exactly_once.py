@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+from prometheus_client.parser import text_string_to_metric_families
 from shop_views import (
     Record,
     catalog_on,
@@ -36,7 +38,7 @@ from shop_views import (
 
 from engine.rebuild import log_range
 from schema.storage import ChangeEvent, ViewMeta, changefeed_topic, delta_table_path, meta_key
-from viewgate.stack.process import wait_until
+from viewgate.stack.process import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -68,6 +70,7 @@ class EngineProcess:
             "SHOP_TOPIC_PREFIX": PREFIX,
             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
             "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell",
+            "VIEWGATE_ENGINE_METRICS_PORT": str(free_port()),
         }
         self.log_dir = log_dir
         self.process: subprocess.Popen | None = None
@@ -124,6 +127,21 @@ class EngineProcess:
                 self.process.wait(30)
         if self.process is not None and not _group_gone(self.process.pid):
             os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def _metric(engine: EngineProcess, name: str, view: str) -> float | None:
+    """One sample of the running engine's /metrics; None when it is not there (yet)."""
+    url = f"http://127.0.0.1:{engine.env['VIEWGATE_ENGINE_METRICS_PORT']}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("view") == view:
+                return sample.value
+    return None
 
 
 @pytest.fixture
@@ -218,6 +236,11 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
         timeout_s=180,
         what="the customers to be in Delta",
     )
+    # The engine's Prometheus metrics say the same: Customer caught up on its source.
+    wait_until(lambda: _metric(engine, "viewgate_view_kafka_lag_events", "Customer") == 0
+               and _metric(engine, "viewgate_view_version", "Customer") >= 0,
+               timeout_s=60, what="the engine's /metrics to show Customer caught up")
+    assert _metric(engine, "viewgate_view_processed_rows_per_second", "Customer") is not None
     engine.kill()
 
     # Each run gets fresh orders, and dies at a different step of some commit.

@@ -1,0 +1,81 @@
+"""The engine's Prometheus metrics, per view, from Spark's query progress (engine.progress)
+and the dead-letter writer; `viewgate engine` serves them at /metrics on
+`engine_metrics_port`."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+VERSION = Gauge("viewgate_view_version", "The view's last committed batch id.", ["view"])
+INPUT_RATE = Gauge("viewgate_view_input_rows_per_second",
+                   "Source rows arriving per second, over the view's last batch.", ["view"])
+PROCESSING_RATE = Gauge("viewgate_view_processed_rows_per_second",
+                        "Source rows processed per second, over the view's last batch.",
+                        ["view"])
+BATCH_SECONDS = Histogram(
+    "viewgate_view_batch_duration_seconds", "Trigger execution time of the view's batches.",
+    ["view"], buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64))
+KAFKA_LAG = Gauge("viewgate_view_kafka_lag_events",
+                  "Source events in Kafka past the view's last batch.", ["view"])
+WATERMARK = Gauge("viewgate_view_watermark_timestamp_seconds",
+                  "The view's event-time watermark (Unix seconds); 0 without one.", ["view"])
+FRESHNESS_LAG = Gauge(
+    "viewgate_view_freshness_lag_seconds",
+    "Seconds since the view's last batch began while source events wait for it; 0 when "
+    "it has caught up.", ["view"])
+LATE_EVENTS = Counter("viewgate_view_late_events",
+                      "Events behind the view's watermark, dropped by Spark.", ["view"])
+QUERY_FAILURES = Counter("viewgate_view_query_failures",
+                         "Times the view's streaming query stopped with an error.", ["view"])
+DEAD_LETTERS = Counter("viewgate_dead_letters",
+                       "Malformed source records sent to the dead-letter topic.", ["source"])
+
+
+def _lag(sources: list[Any]) -> int:
+    """Events between each source's end offset for the batch and the latest in Kafka."""
+    total = 0
+    for source in sources:
+        try:
+            latest = json.loads(source.latestOffset or "{}")
+            done = json.loads(source.endOffset or "{}")
+        except (TypeError, ValueError):
+            continue
+        for topic, partitions in latest.items():
+            for partition, offset in partitions.items():
+                total += max(0, int(offset) - int(done.get(topic, {}).get(partition, 0)))
+    return total
+
+
+def _timestamp(text: str | None) -> float:
+    if not text:
+        return 0.0
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def observe_progress(view: str, progress: Any) -> None:
+    VERSION.labels(view).set(progress.batchId)
+    INPUT_RATE.labels(view).set(progress.inputRowsPerSecond or 0.0)
+    PROCESSING_RATE.labels(view).set(progress.processedRowsPerSecond or 0.0)
+    if progress.numInputRows:
+        BATCH_SECONDS.labels(view).observe((progress.batchDuration or 0) / 1000)
+    lag = _lag(progress.sources)
+    KAFKA_LAG.labels(view).set(lag)
+    WATERMARK.labels(view).set(_timestamp((progress.eventTime or {}).get("watermark")))
+    started = _timestamp(progress.timestamp)
+    FRESHNESS_LAG.labels(view).set(max(0.0, time.time() - started) if lag else 0.0)
+    late = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
+    if late:
+        LATE_EVENTS.labels(view).inc(late)
+
+
+def observe_failure(view: str) -> None:
+    QUERY_FAILURES.labels(view).inc()
+
+
+def observe_dead_letters(source: str, count: int) -> None:
+    DEAD_LETTERS.labels(source).inc(count)
