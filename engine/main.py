@@ -10,10 +10,12 @@ from prometheus_client import start_http_server
 from engine.runner import Engine
 from engine.spark import build_spark
 from schema.catalog import Catalog
+from schema.logs import configure_logging
 from schema.settings import Settings
 
 
 def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
+    configure_logging(settings)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -25,6 +25,7 @@ from gateway.types import build_view_types, root_fields
 from schema.catalog import Catalog
 from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
+from schema.logs import configure_logging
 from schema.settings import Settings, get_settings
 
 
@@ -65,6 +66,7 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
                fast_path: bool = True) -> Starlette:
     settings = settings or get_settings()
+    configure_logging(settings)
     catalog = catalog or load_catalog(settings.catalog)
     check_against_delta(catalog, settings.delta_location)
     redis_client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -76,6 +77,15 @@ class Settings(BaseSettings):
     spark_conf: dict[str, str] = Field(
         default_factory=dict,
         description='Extra Spark configuration as JSON, e.g. {"spark.executor.memory": "4g"}.',
+    )
+
+    log_level: str = Field(
+        "INFO", description="Level of viewgate's own logs: DEBUG, INFO, WARNING or ERROR."
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`json` writes one JSON object per line (time, level, logger, message, "
+        "and view, batch_id, request_id where a record has them).",
     )
 
     # Artifacts.
