@@ -11,6 +11,7 @@ import time
 import redis
 from pyspark.sql.streaming import StreamingQueryListener
 
+from engine.failures import summarize
 from engine.metrics import observe_failure, observe_progress
 from engine.views import parse_query_name
 from schema.storage import (
@@ -57,9 +58,6 @@ if (not live) or live == gen then redis.call('HSET', KEYS[1], '{META_LAST_ERROR}
 return 1
 """
 
-_ERROR_CHARS = 2_000
-
-
 class ProgressRecorder(StreamingQueryListener):
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
@@ -100,7 +98,7 @@ class ProgressRecorder(StreamingQueryListener):
             return
         view, generation = named
         observe_failure(view)
-        message = str(event.exception).strip().splitlines()[0][:_ERROR_CHARS]
+        message = summarize(str(event.exception))
         try:
             self.record_error(keys=[meta_key(view)], args=[generation, message])
         except redis.RedisError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 
 import redis
@@ -13,6 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from engine.analysis import analyse
+from engine.failures import summarize
 from engine.generations import reconcile_generation
 from engine.progress import ProgressRecorder
 from engine.sinks.delta_sink import ensure_table
@@ -115,18 +117,59 @@ class Engine:
         return moved
 
     def run_until_stopped(self, stop: threading.Event, poll_s: float = 1.0) -> None:
-        """Block until `stop` is set or a query fails (then raise its error)."""
+        """Block until `stop` is set. A query that fails (Kafka unreachable, Redis down, a
+        bug) is restarted from its checkpoint after a growing pause, so nothing is lost or
+        counted twice; its error is in the view's meta and metrics meanwhile."""
+        restarts = Restarts()
         try:
             while not stop.wait(poll_s):
-                for query in self.queries:
-                    if not query.isActive:
-                        error = query.exception()
-                        if error is not None:
-                            raise RuntimeError(f"query {query.name} failed: {error}")
+                for name, query in list(self.view_queries.items()):
+                    if not query.isActive and query.exception() is not None:
+                        if restarts.due(query.name, str(query.exception())):
+                            self._start_view(name)
+                for i, query in enumerate(self.other_queries):
+                    if not query.isActive and query.exception() is not None:
+                        if restarts.due(query.name, str(query.exception())):
+                            self.other_queries[i] = self._restart_other(query.name)
                 self.follow_rebuilds()
         finally:
             for query in self.queries:
                 query.stop()
+
+    def _restart_other(self, name: str) -> StreamingQuery:
+        source = self.catalog.sources[name.split(":", 1)[1]]
+        return start_deadletter_query(self.spark, self.settings, self.catalog, source,
+                                      available_now=self.available_now)
+
+
+class Restarts:
+    """When to restart a failed query: after 1 s, then twice as long each time it fails
+    again within a minute of its restart, up to a minute."""
+
+    FIRST_S, MAX_S, HEALTHY_S = 1.0, 60.0, 60.0
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.pause: dict[str, float] = {}
+        self.failed_at: dict[str, float] = {}
+        self.restarted_at: dict[str, float] = {}
+
+    def due(self, name: str, error: str) -> bool:
+        """Called while `name` is down; True once it should be started again."""
+        now = self.clock()
+        if name not in self.failed_at:
+            self.failed_at[name] = now
+            recently = now - self.restarted_at.get(name, -self.HEALTHY_S) < self.HEALTHY_S
+            previous = self.pause.get(name, 0.0)
+            self.pause[name] = min(previous * 2, self.MAX_S) if recently and previous \
+                else self.FIRST_S
+            log.warning("query %s failed, restarting in %.0f s: %s", name, self.pause[name],
+                        summarize(error), extra={"query": name})
+        if now - self.failed_at[name] < self.pause[name]:
+            return False
+        del self.failed_at[name]
+        self.restarted_at[name] = now
+        return True
 
 
 def start_all(
