@@ -15,12 +15,21 @@ from typing import Any
 
 from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
+from engine.metrics import observe_rejected
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import RedisSink
+from engine.sinks.rejects import Rejects, split_keyless
 from schema.catalog import View, graphql_fields
 from schema.settings import Settings
-from schema.storage import RETIRED, ChangeEvent, delta_app_id, delta_table_path, key_of
+from schema.storage import (
+    RETIRED,
+    ChangeEvent,
+    deadletter_topic,
+    delta_app_id,
+    delta_table_path,
+    key_of,
+)
 
 log = logging.getLogger("viewgate.engine.commit")
 
@@ -40,6 +49,8 @@ class ViewCommitter:
         self.delete_on = tuple(delete_on) or view.key
         self.redis = RedisSink(settings.redis_url, view, graphql_fields(view))
         self.feed = ChangeFeed(settings.kafka_bootstrap, view.name)
+        self.rejects = Rejects(settings.kafka_bootstrap, deadletter_topic(view.source),
+                               view.name, view.key)
         self.delta = DeltaSink(
             delta_table_path(settings.delta_location, view.name, generation),
             view,
@@ -55,6 +66,13 @@ class ViewCommitter:
         """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows.
         Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
         started = time.perf_counter()
+        rows, keyless = split_keyless(rows, self.view.key)
+        if keyless:
+            self.rejects.publish(batch_id, keyless)
+            observe_rejected(self.view.name, len(keyless))
+            log.warning("%s batch %d: %d rows with a null key left out (dead-lettered)",
+                        self.view.name, batch_id, len(keyless),
+                        extra={"view": self.view.name, "batch_id": batch_id})
         now_ms = int(time.time() * 1000)
         meta: dict[str, Any] = {"committed_at_ms": now_ms}
         covered = read_batch_offsets(self.checkpoint, batch_id) if self.checkpoint else None

@@ -32,6 +32,9 @@ LATE_EVENTS = Counter("viewgate_view_late_events",
                       "Events behind the view's watermark, dropped by Spark.", ["view"])
 QUERY_FAILURES = Counter("viewgate_view_query_failures",
                          "Times the view's streaming query stopped with an error.", ["view"])
+REJECTED_ROWS = Counter("viewgate_view_rejected_rows",
+                        "View rows left out because their key is null (dead-lettered).",
+                        ["view"])
 DEAD_LETTERS = Counter("viewgate_dead_letters",
                        "Malformed source records sent to the dead-letter topic.", ["source"])
 
@@ -79,3 +82,7 @@ def observe_failure(view: str) -> None:
 
 def observe_dead_letters(source: str, count: int) -> None:
     DEAD_LETTERS.labels(source).inc(count)
+
+
+def observe_rejected(view: str, count: int) -> None:
+    REJECTED_ROWS.labels(view).inc(count)

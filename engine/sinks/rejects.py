@@ -1,0 +1,44 @@
+"""Rows a view cannot store: its key is null (for example an order without a customer id,
+grouped by customer). As ksqlDB drops a null group key, the view leaves such a row out; it
+goes to the dead-letter topic of the view's source with the reason, the view and the batch,
+so nothing disappears silently and the query never fails on it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from confluent_kafka import KafkaException, Producer
+
+
+def split_keyless(rows: Sequence[Mapping[str, Any]], key: Sequence[str]
+                  ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(rows with every key column set, rows missing one)."""
+    keyed, keyless = [], []
+    for row in rows:
+        (keyless if any(row.get(c) is None for c in key) else keyed).append(row)
+    return keyed, keyless
+
+
+class Rejects:
+    def __init__(self, bootstrap: str, topic: str, view: str, key: Sequence[str]) -> None:
+        self.topic = topic
+        self.view = view
+        self.key = tuple(key)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+
+    def publish(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
+                timeout_s: float = 60) -> None:
+        for row in rows:
+            missing = [c for c in self.key if row.get(c) is None]
+            reason = (f"view {self.view}: key column(s) {', '.join(missing)} null; "
+                      "the row cannot be stored")
+            self.producer.produce(self.topic, value=orjson.dumps(dict(row), default=str),
+                                  headers={"reason": reason.encode(),
+                                           "view": self.view.encode(),
+                                           "batch_id": str(batch_id).encode()})
+            self.producer.poll(0)
+        if self.producer.flush(timeout_s):
+            # Failing the batch makes Spark retry it; a replay publishes again.
+            raise KafkaException(f"dead-letter topic {self.topic}: rows left undelivered")
