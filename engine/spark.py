@@ -50,4 +50,21 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _quiet(spark, _NOISY_LOGGERS)
     return spark
+
+
+# Loggers that warn about what is normal here: a batch longer than its trigger interval (the
+# next one then starts at once, which is what a busy view should do), and the scheduler pools
+# each query creates for itself.
+_NOISY_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",
+    "org.apache.spark.scheduler.FairSchedulableBuilder",
+)
+
+
+def _quiet(spark: SparkSession, loggers: tuple[str, ...]) -> None:
+    jvm = spark.sparkContext._jvm
+    level = jvm.org.apache.logging.log4j.Level.ERROR
+    for name in loggers:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
