@@ -9,11 +9,13 @@ import redis.asyncio as aioredis
 import strawberry
 from graphql import GraphQLError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from strawberry.types import ExecutionContext
 
+from gateway.fast_http import FastEntry
 from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
 from gateway.limits import schema_extensions
@@ -69,8 +71,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     redis_client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2)
     reads = Reads(catalog, settings)
     schema, types = build_schema(settings, redis_client, catalog, reads)
-    fast = FastPath(schema._schema, types, settings.gateway_document_cache_size) \
-        if fast_path else None
+    fast = FastPath(schema, types, settings) if fast_path else None
     graphql = GraphQLHTTP(schema, reads, catalog, settings, fast)
     sdl_text = schema.as_str() + "\n"
 
@@ -93,6 +94,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
             Route("/schema.graphql", sdl),
         ],
         lifespan=lifespan,
+        # Compiled queries skip the router (gateway.fast_http); the rest goes through it.
+        middleware=[Middleware(FastEntry, graphql=graphql)] if fast_path else [],
     )
     app.state.schema = schema
     app.state.reads = reads
