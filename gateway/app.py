@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
@@ -83,6 +84,10 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # What start-up built (schema, catalog, modules) lives as long as the process: keep
+        # it out of the collector, whose full passes over it paused every request for tens
+        # of milliseconds (the latency tail).
+        gc.freeze()
         yield
         await reads.close()
         await redis_client.aclose()
