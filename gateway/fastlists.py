@@ -30,6 +30,7 @@ from gateway.fastlayout import (
     unique,
     value,
 )
+from gateway.filters import encode_cursor
 from gateway.freshness import Freshness
 from gateway.reads import Reads
 from gateway.types import ViewTypes, connection_page
@@ -90,23 +91,25 @@ class ListPlan:
             elif name == "totalCount":
                 out[key] = page.total
             elif name == "pageInfo":
-                cursors = [cursor for cursor, _ in page.items]
+                items = page.items
                 values = {"hasNextPage": page.has_next, "hasPreviousPage": page.has_previous,
-                          "startCursor": cursors[0] if cursors else None,
-                          "endCursor": cursors[-1] if cursors else None,
-                          "__typename": "PageInfo"}
+                          "__typename": "PageInfo",
+                          # Cursors are encoded only where the selection shows them.
+                          "startCursor": encode_cursor(items[0][0]) if items else None,
+                          "endCursor": encode_cursor(items[-1][0]) if items else None}
                 out[key] = {k: values[n] for k, n in sub}
             else:  # edges
-                out[key] = [self._edge(sub, i, cursor, row, related)
-                            for i, (cursor, row) in enumerate(page.items)]
+                out[key] = [self._edge(sub, i, position, row, related)
+                            for i, (position, row) in enumerate(page.items)]
         return out
 
-    def _edge(self, parts: list[_Edge], i: int, cursor: str, row: dict[str, Any],
+    def _edge(self, parts: list[_Edge], i: int, position: tuple[Any, str],
+              row: dict[str, Any],
               related: dict[str, list[dict[str, Any] | None]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for part in parts:
             if part.part == "cursor":
-                out[part.response_key] = cursor
+                out[part.response_key] = encode_cursor(position)
             elif part.part == "__typename":
                 out[part.response_key] = f"{self.vt.view.name}Edge"
             else:
@@ -128,7 +131,7 @@ class ListPlan:
 
 
 async def _related_rows(reads: Reads, fresh: Freshness, vt: ViewTypes, r: _Related,
-                        items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | None]:
+                        items: list[tuple[Any, dict[str, Any]]]) -> list[dict[str, Any] | None]:
     """Per row of the page, its related row: one batched read of the distinct keys."""
     target = r.target.view
     keys: list[str | None] = []

@@ -172,8 +172,8 @@ class GraphQLHTTP:
         return params
 
     async def fast_answer(self, req: GraphQLRequest) -> bytes | None:
-        """The compiled plan's answer, or None: no plan, a minimum version to wait for, or
-        the plan declined (the general path then answers)."""
+        """The compiled plan's answer (gateway.fast_http sends it), or None: no plan, a
+        minimum version to wait for, or the plan declined; then this endpoint answers."""
         if self.fast is None or (req.extensions or {}).get("minVersion") is not None:
             return None
         return await self.fast.run(req.query, req.operation_name, req.variables, self.reads)
@@ -191,11 +191,6 @@ class GraphQLHTTP:
                 return respond({"errors": [error.formatted]}, media, 400)
             # The view stayed behind: execution was attempted and refused, data is null.
             return respond({"data": None, "errors": [error.formatted]}, media)
-
-        if not wanted:
-            fast = await self.fast_answer(req)
-            if fast is not None:
-                return Response(fast, media_type=media)
 
         allowed = {OperationType.QUERY} if is_get else {OperationType.QUERY,
                                                          OperationType.MUTATION}

@@ -320,7 +320,7 @@ def _lookup_field(vt: ViewTypes) -> Any:
 class ConnectionPage:
     """A list's page before layout: what both the resolver and compiled plans answer."""
 
-    items: list[tuple[str, dict[str, Any]]]  # (cursor, row)
+    items: list[tuple[tuple[Any, str], dict[str, Any]]]  # (position: encode_cursor's, row)
     has_next: bool
     has_previous: bool
     total: int
@@ -344,10 +344,9 @@ async def connection_page(reads: Reads, fresh: Freshness, load: Callable[[Sequen
     as_of = kwargs.get("as_of")
     result = await list_rows(reads, fresh, load, view, conditions, order, page,
                              as_of.to_as_of() if as_of else None)
-    items = [(encode_cursor(position), row) for position, row in result.items]
     has_next = result.more if not page.backward else before is not None
     has_previous = result.more if page.backward else after is not None
-    return ConnectionPage(items, has_next, has_previous, result.total)
+    return ConnectionPage(result.items, has_next, has_previous, result.total)
 
 
 def _list_field(vt: ViewTypes, settings: Any) -> Any:
@@ -357,7 +356,8 @@ def _list_field(vt: ViewTypes, settings: Any) -> Any:
         ctx: RequestContext = info.context
         page = await connection_page(ctx.reads, ctx.fresh, ctx.load_rows(view), vt, settings,
                                      kwargs)
-        edges = [vt.edge(node=vt.to_object(row), cursor=cursor) for cursor, row in page.items]
+        edges = [vt.edge(node=vt.to_object(row), cursor=encode_cursor(position))
+                 for position, row in page.items]
         info_ = PageInfo(has_next_page=page.has_next, has_previous_page=page.has_previous,
                          start_cursor=edges[0].cursor if edges else None,
                          end_cursor=edges[-1].cursor if edges else None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import orjson
 import pytest
 from starlette.testclient import TestClient
 
@@ -145,3 +146,27 @@ def test_the_cost_limit_holds_for_a_learned_plan(limited):
     over = limited.post("/graphql", json={"query": query, "variables": {"n": 100, "m": 100}})
     assert over.status_code == 400 and over.json()["errors"][0]["extensions"]["code"] \
         == "LIMIT_COST"
+
+
+def test_compiled_answers_keep_the_http_semantics(clients):
+    _, fast = clients
+    query = "query($n: Int) { orders(first: $n) { totalCount } }"
+    body = {"query": query, "variables": {"n": 2}}
+    fast.post("/graphql", json=body)
+    assert fast.app.state.fast.plans[(query, None)] is not None
+    for accept in ("application/json", "application/graphql-response+json"):
+        response = fast.post("/graphql", json=body, headers={"accept": accept})
+        assert response.status_code == 200
+        assert response.headers["content-type"] == accept
+    got = fast.get("/graphql", params={"query": query, "variables": '{"n": 2}'},
+                   headers={"accept": "application/json"})
+    assert got.status_code == 200 and got.json()["data"]["orders"]["totalCount"] > 0
+    assert fast.post("/graphql", json=body, headers={"accept": "text/csv"}).status_code == 406
+    text = fast.post("/graphql", content=orjson.dumps(body),
+                     headers={"content-type": "text/plain"})
+    assert text.status_code == 415
+    put = fast.put("/graphql", json=body)
+    assert put.status_code == 405
+    wrong = fast.post("/graphql", json={"query": query, "variables": {"n": "x"}},
+                      headers={"accept": "application/graphql-response+json"})
+    assert wrong.status_code == 400 and wrong.json()["errors"]
