@@ -8,7 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from graphql import FieldNode, GraphQLNonNull, GraphQLObjectType, GraphQLScalarType
+from graphql import (
+    FieldNode,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    GraphQLScalarType,
+    GraphQLString,
+)
 
 from gateway.types import ViewTypes
 from schema.storage import from_json_value
@@ -25,6 +31,7 @@ class Column:
     python_type: Any
     serialize: Callable[[Any], Any] | None
     non_null: bool
+    text: bool = False  # a str field served as String: a stored str is its own answer
 
 
 def fields(selection_set: Any) -> list[FieldNode]:
@@ -65,13 +72,15 @@ def column(node: FieldNode, vt: ViewTypes, object_type: GraphQLObjectType) -> Co
     if not isinstance(scalar, GraphQLScalarType):
         raise NotCompilable("not a scalar")
     return Column(response_key(node), info.python_name, info.python_type, scalar.serialize,
-                  non_null)
+                  non_null, info.python_type is str and scalar is GraphQLString)
 
 
 def value(c: Column, type_name: str, row: dict[str, Any]) -> Any:
     if c.source is None:
         return type_name
     raw = row.get(c.source)
+    if c.text and raw.__class__ is str:
+        return raw  # what from_json_value and GraphQLString's serialize return for it
     if raw is None:
         if c.non_null:
             raise NotCompilable("a non-null field is null: let the general path say so")

@@ -134,11 +134,19 @@ async def _related_rows(reads: Reads, fresh: Freshness, vt: ViewTypes, r: _Relat
                         items: list[tuple[Any, dict[str, Any]]]) -> list[dict[str, Any] | None]:
     """Per row of the page, its related row: one batched read of the distinct keys."""
     target = r.target.view
+    on = r.relationship.on
+    # One str column: the stored value is the key (what key_of makes of it).
+    text = len(on) == 1 and vt.fields[on[0][0]].python_type is str
     keys: list[str | None] = []
     for _, row in items:
+        if text:
+            raw = row.get(on[0][0])
+            if raw is None or raw.__class__ is str:
+                keys.append(raw)
+                continue
         # The key as the general path's resolver builds it, from the typed values.
         values = {theirs: from_json_value(vt.fields[mine].python_type, row.get(mine))
-                  for mine, theirs in r.relationship.on}
+                  for mine, theirs in on}
         keys.append(None if any(v is None for v in values.values())
                     else key_of(values, target.key))
     distinct = list(dict.fromkeys(k for k in keys if k is not None))
