@@ -171,6 +171,13 @@ class GraphQLHTTP:
             raise BadRequest("the body must be a JSON object (batches are not supported)")
         return params
 
+    async def fast_answer(self, req: GraphQLRequest) -> bytes | None:
+        """The compiled plan's answer (gateway.fast_http sends it), or None: no plan, a
+        minimum version to wait for, or the plan declined; then this endpoint answers."""
+        if self.fast is None or (req.extensions or {}).get("minVersion") is not None:
+            return None
+        return await self.fast.run(req.query, req.operation_name, req.variables, self.reads)
+
     async def execute(self, req: GraphQLRequest, media: str, is_get: bool) -> Response:
         context = RequestContext(self.reads, self.catalog)
         try:
@@ -184,11 +191,6 @@ class GraphQLHTTP:
                 return respond({"errors": [error.formatted]}, media, 400)
             # The view stayed behind: execution was attempted and refused, data is null.
             return respond({"data": None, "errors": [error.formatted]}, media)
-
-        if self.fast is not None and not wanted:
-            fast = await self.fast.run(req.query, req.operation_name, req.variables, context)
-            if fast is not None:
-                return Response(fast, media_type=media)
 
         allowed = {OperationType.QUERY} if is_get else {OperationType.QUERY,
                                                          OperationType.MUTATION}

@@ -80,6 +80,7 @@ class RedisStore:
         self._generation: dict[str, int] = {}
         self.meta_cache_s = meta_cache_ms / 1000
         self._meta_cache: dict[str, tuple[float, Meta]] = {}
+        self._refreshing: set[str] = set()
         self._page_by_score = self.client.register_script(PAGE_BY_SCORE_LUA)
         self._read_rows = self.client.register_script(READ_ROWS_LUA)
         self._warm = self.client.register_script(WARM_ROWS_LUA)
@@ -141,13 +142,24 @@ class RedisStore:
             raise RedisUnavailable("Redis failed recently")
         now = time.monotonic()
         cached = self._meta_cache.get(view)
-        if cached is not None and now - cached[0] < self.meta_cache_s:
+        # While one request refreshes an expired meta, the others keep the older one (still
+        # honest: it trails the rows) instead of all running the script at once.
+        if cached is not None and self.meta_cache_s > 0 and (
+                now - cached[0] < self.meta_cache_s or view in self._refreshing):
             meta = cached[1]
             try:
                 rows = await self.client.mget([row_key(view, meta.generation, k) for k in keys])
             except RedisError as exc:
                 raise self._failed(exc) from exc
             return meta, rows
+        self._refreshing.add(view)
+        try:
+            return await self._rows_with_meta(view, keys, now)
+        finally:
+            self._refreshing.discard(view)
+
+    async def _rows_with_meta(self, view: str, keys: Sequence[str],
+                              now: float) -> tuple[Meta, list[bytes | None]]:
         for _ in range(3):
             generation = self.generation(view)
             try:

@@ -316,34 +316,52 @@ def _lookup_field(vt: ViewTypes) -> Any:
         description=f"One {view.name} by its key ({', '.join(view.key)}); null if none.")
 
 
+@dataclass
+class ConnectionPage:
+    """A list's page before layout: what both the resolver and compiled plans answer."""
+
+    items: list[tuple[tuple[Any, str], dict[str, Any]]]  # (position: encode_cursor's, row)
+    has_next: bool
+    has_previous: bool
+    total: int
+
+
+async def connection_page(reads: Reads, fresh: Freshness, load: Callable[[Sequence[str]], Any],
+                          vt: ViewTypes, settings: Any, kwargs: dict[str, Any]) -> ConnectionPage:
+    """The page a list field's (Strawberry-converted) arguments ask for."""
+    view = vt.view
+    conditions = parse_where(view, vt.fields, _where_dict(kwargs.get("where"), vt.fields))
+    order_by = kwargs.get("order_by")
+    order = parse_order(view, vt.fields, order_by.field.value if order_by else None,
+                        bool(order_by and order_by.direction is SortDirection.DESC),
+                        conditions)
+    if order.field not in view.indexes and key_lookup(view, conditions) is None:
+        raise QueryError(f"{view.name} has no index: filter on its key with eq or in",
+                         "FIELD_NOT_INDEXED", view=view.name)
+    first, after, last, before = (kwargs.get(k) for k in ("first", "after", "last", "before"))
+    page = make_page(first, after, last, before, order, vt.fields,
+                     settings.gateway_default_page_size, settings.gateway_max_page_size)
+    as_of = kwargs.get("as_of")
+    result = await list_rows(reads, fresh, load, view, conditions, order, page,
+                             as_of.to_as_of() if as_of else None)
+    has_next = result.more if not page.backward else before is not None
+    has_previous = result.more if page.backward else after is not None
+    return ConnectionPage(result.items, has_next, has_previous, result.total)
+
+
 def _list_field(vt: ViewTypes, settings: Any) -> Any:
     view = vt.view
 
     async def list_(info: strawberry.Info, **kwargs: Any) -> Any:
         ctx: RequestContext = info.context
-        conditions = parse_where(view, vt.fields, _where_dict(kwargs.get("where"), vt.fields))
-        order_by = kwargs.get("order_by")
-        order = parse_order(view, vt.fields, order_by.field.value if order_by else None,
-                            bool(order_by and order_by.direction is SortDirection.DESC),
-                            conditions)
-        if order.field not in view.indexes and key_lookup(view, conditions) is None:
-            raise QueryError(f"{view.name} has no index: filter on its key with eq or in",
-                             "FIELD_NOT_INDEXED", view=view.name)
-        first, after, last, before = (kwargs.get(k) for k in ("first", "after", "last",
-                                                              "before"))
-        page = make_page(first, after, last, before, order, vt.fields,
-                         settings.gateway_default_page_size, settings.gateway_max_page_size)
-        as_of = kwargs.get("as_of")
-        result = await list_rows(ctx.reads, ctx.fresh, ctx.load_rows(view), view, conditions,
-                                 order, page, as_of.to_as_of() if as_of else None)
+        page = await connection_page(ctx.reads, ctx.fresh, ctx.load_rows(view), vt, settings,
+                                     kwargs)
         edges = [vt.edge(node=vt.to_object(row), cursor=encode_cursor(position))
-                 for position, row in result.items]
-        has_next = result.more if not page.backward else before is not None
-        has_previous = result.more if page.backward else after is not None
-        info_ = PageInfo(has_next_page=has_next, has_previous_page=has_previous,
+                 for position, row in page.items]
+        info_ = PageInfo(has_next_page=page.has_next, has_previous_page=page.has_previous,
                          start_cursor=edges[0].cursor if edges else None,
                          end_cursor=edges[-1].cursor if edges else None)
-        return vt.connection(edges=edges, page_info=info_, total_count=result.total)
+        return vt.connection(edges=edges, page_info=info_, total_count=page.total)
 
     params = [
         _kw("where", vt.where | None, None),

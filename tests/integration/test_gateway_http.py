@@ -3,7 +3,11 @@ rebuilt by a client, limits, minimum versions and the compiled point-query path.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from graphql import build_client_schema, build_schema, get_introspection_query, print_schema
@@ -12,6 +16,7 @@ from graphql_client import data, gql
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
+from viewgate.stack.graphql_js import ensure_graphql_js
 
 pytestmark = pytest.mark.integration
 
@@ -101,6 +106,39 @@ def test_introspection_rebuilds_the_schema_in_a_client(gateway_client):
     assert print_schema(lexicographic_sort_schema(rebuilt)) == print_schema(
         lexicographic_sort_schema(served))
     assert rebuilt.get_type("CustomerConnection").fields["pageInfo"]
+
+
+def test_introspection_rebuilds_the_schema_in_graphql_js(gateway_client, gateway_shop):
+    # The reference implementation, as JavaScript clients and codegen run it; installed with
+    # npm into the cache folder once (a missing node or npm fails, naming what to install).
+    modules = ensure_graphql_js(gateway_shop.settings.cache_dir)
+    introspection = data(gateway_client, get_introspection_query(
+        descriptions=True, specified_by_url=True, directive_is_repeatable=True,
+        input_value_deprecation=True, one_of=True))
+    queries = {
+        "list": 'query($after: String) { orders(where: {status: {in: ["paid"]}, amount: '
+                '{gte: 10}}, orderBy: {field: AMOUNT, direction: DESC}, first: 5, after: '
+                '$after) { totalCount edges { cursor node { orderId ts customer { name '
+                'stats { orderCount } } } } pageInfo { hasNextPage endCursor } } }',
+        "lookup": '{ productSales(productId: "P1", windowStart: "2024-01-01T00:00:00Z") '
+                  '{ orderCount } customer(customerId: "C1", asOf: {version: 3}) { name } }',
+        "unknown_field": "{ orders { edges { node { nope } } } }",
+        "bad_argument": "{ orders(where: {amount: {eq: \"x\"}}) { totalCount } }",
+    }
+    request = {"introspection": introspection, "queries": queries,
+               "sdl": gateway_client.get("/schema.graphql").text}
+    script = Path(__file__).with_name("introspection_check.cjs")
+    result = subprocess.run(["node", str(script)], input=json.dumps(request), text=True,
+                            capture_output=True, timeout=60,
+                            env={**os.environ, "NODE_PATH": str(modules)})
+    assert result.returncode == 0, result.stderr
+    checked = json.loads(result.stdout)
+    assert checked["rebuilt"] == checked["served"]
+    assert "type OrderConnection {" in checked["rebuilt"]
+    errors = checked["errors"]
+    assert errors["list"] == [] and errors["lookup"] == []
+    assert 'Cannot query field "nope" on type "Order".' in errors["unknown_field"]
+    assert errors["bad_argument"], "graphql-js must refuse a string for a Float"
 
 
 @pytest.fixture(scope="module")
