@@ -21,6 +21,7 @@ from gateway.fast_http import FastEntry
 from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
 from gateway.limits import schema_extensions
+from gateway.metrics import metrics_endpoint
 from gateway.reads import Reads
 from gateway.startup_check import check_against_delta
 from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
@@ -100,6 +101,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
+            Route("/metrics", metrics_endpoint),
             *dashboard_routes(settings.gateway_dashboard_dir),
         ],
         lifespan=lifespan,

@@ -10,6 +10,7 @@ every status code, media type and error stays the general path's (gateway.http).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
@@ -17,6 +18,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from gateway.http import JSON, BadRequest, GraphQLHTTP, negotiate, parse_params
+from gateway.metrics import observe_request
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -80,6 +82,7 @@ class FastEntry:
 
     async def _answer(self, params: dict[str, Any], accept: str | None, send: Send) -> bool:
         """Send the compiled answer; False (nothing sent) when the general path must."""
+        started = time.perf_counter()
         media = negotiate(accept)
         if media is None:
             return False
@@ -94,6 +97,7 @@ class FastEntry:
             (b"content-length", str(len(answer)).encode()),
             (b"content-type", media.encode())]})
         await send({"type": "http.response.body", "body": answer})
+        observe_request(req.operation_name, "compiled", time.perf_counter() - started)
         return True
 
 

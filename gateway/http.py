@@ -12,6 +12,8 @@ Once execution starts the answer is 200, `data` present, field errors in `errors
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +33,9 @@ from gateway.fastpath import FastPath
 from gateway.filters import QueryError
 from gateway.freshness import parse_min_versions, wait_for_versions
 from gateway.limits import limit_code
+from gateway.metrics import ERRORS, observe_request
 from gateway.types import RequestContext
+from schema.logs import REQUEST_ID
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 JSON = "application/json"
@@ -147,12 +151,24 @@ class GraphQLHTTP:
         if media is None:
             return request_error(f"cannot answer in any of {accept}; accept {GRAPHQL_RESPONSE} "
                                  f"or {JSON}", JSON, 406, "NOT_ACCEPTABLE")
+        started = time.perf_counter()
         try:
             params = request.query_params if is_get else await self._params(request)
             graphql_request = parse_params(params, self.settings.gateway_max_document_bytes)
         except BadRequest as exc:
+            ERRORS.labels("BAD_REQUEST").inc()
             return request_error(str(exc), media, exc.status)
-        return await self.execute(graphql_request, media, is_get)
+        # Log records of this request carry its id; the answer names it too.
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        token = REQUEST_ID.set(request_id)
+        try:
+            response = await self.execute(graphql_request, media, is_get)
+        finally:
+            REQUEST_ID.reset(token)
+        response.headers["x-request-id"] = request_id
+        observe_request(graphql_request.operation_name, "general",
+                        time.perf_counter() - started)
+        return response
 
     async def _params(self, request: Request) -> Mapping[str, Any]:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -222,6 +238,9 @@ class GraphQLHTTP:
         # Before execution (parse, validation, variables, limits) nothing is read: no data.
         is_request_error = isinstance(result, PreExecutionError) or (
             result.data is None and errors and all(e.path is None for e in errors))
+        for error in errors:
+            ERRORS.labels(limit_code(error) or (error.extensions or {}).get("code")
+                          or ("REQUEST" if is_request_error else "FIELD")).inc()
         body: dict[str, Any] = {}
         if errors:
             body["errors"] = [_error(e) for e in errors]

@@ -21,6 +21,7 @@ import orjson
 from gateway.delta_store import AsOf, DeltaStore, Snapshot
 from gateway.filters import Condition
 from gateway.freshness import Freshness, Seen
+from gateway.metrics import DELTA_READS, REDIS_ROWS
 from gateway.redis_store import Meta, RedisStore, RedisUnavailable
 from schema.catalog import Catalog, FieldInfo, View, graphql_fields
 from schema.settings import Settings
@@ -79,8 +80,9 @@ class Reads:
         return task
 
     async def delta_read(self, view: View, conditions: Sequence[Condition] = (),
-                         keys: Sequence[str] | None = None,
-                         as_of: AsOf | None = None) -> tuple[list[dict], Snapshot]:
+                         keys: Sequence[str] | None = None, as_of: AsOf | None = None,
+                         reason: str = "fallback") -> tuple[list[dict], Snapshot]:
+        DELTA_READS.labels(view.name, "time_travel" if as_of is not None else reason).inc()
         return await asyncio.to_thread(self.delta.read, view, conditions, keys, as_of)
 
     async def current_version(self, view: str) -> int | None:
@@ -109,6 +111,8 @@ class Reads:
         if meta.version is not None:  # else Redis holds nothing of the view: Delta answers
             fresh.note(view.name, seen_redis(meta))
         found = {k: orjson.loads(v) for k, v in zip(keys, stored, strict=True) if v is not None}
+        REDIS_ROWS.labels("hit").inc(len(found))
+        REDIS_ROWS.labels("miss").inc(len(keys) - len(found))
         missing = [k for k in keys if k not in found and not self._known_absent(view, meta, k)]
         if missing:
             rows, snapshot = await self.delta_read(view, keys=missing)
@@ -196,7 +200,7 @@ class Reads:
         meta = await self.redis.meta(view.name)
         if meta.complete:
             return True
-        rows, snapshot = await self.delta_read(view)
+        rows, snapshot = await self.delta_read(view, reason="rewarm")
         if snapshot.generation != meta.generation or snapshot.batch < (meta.fence or -1):
             return False  # Delta has not caught up with Redis yet
         generation, fence = meta.generation, meta.fence

@@ -254,3 +254,39 @@ def test_the_dashboard_page_and_its_bundle_are_served(gateway_client, gateway_sh
     with TestClient(create_app(unbuilt, gateway_shop.catalog)) as client:
         answer = client.get("/dashboard")
     assert answer.status_code == 503 and "viewgate setup" in answer.text
+
+
+def _samples(client) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith(
+        "text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text)
+            for s in family.samples}
+
+
+def test_metrics_count_requests_per_operation_errors_and_redis_reads(gateway_client,
+                                                                     gateway_shop):
+    key = sorted(gateway_shop.customers)[0]
+    named = "query Lookup($id: String!) { customer(customerId: $id) { customerId name } }"
+    before = _samples(gateway_client)
+    for _ in range(3):  # the first run is general, then the plan answers
+        body = {"query": named, "variables": {"id": key}, "operationName": "Lookup"}
+        assert _post(gateway_client, body).status_code == 200
+    bad = gateway_client.post(
+        "/graphql", json={"query": "query Bad { customer(customerId: \"x\") { nope } }"},
+        headers={"accept": GQL, "x-request-id": "req-7"})
+    assert bad.headers["x-request-id"] == "req-7"
+    after = _samples(gateway_client)
+
+    def grew(name: str, **labels: str) -> float:
+        k = (name, tuple(sorted(labels.items())))
+        return after.get(k, 0) - before.get(k, 0)
+
+    assert grew("viewgate_gateway_requests_total", operation="Lookup", path="general") >= 1
+    assert grew("viewgate_gateway_requests_total", operation="Lookup", path="compiled") >= 1
+    assert grew("viewgate_gateway_request_duration_seconds_count", operation="Lookup") == 3
+    assert grew("viewgate_gateway_errors_total", kind="REQUEST") == 1
+    assert grew("viewgate_gateway_redis_rows_total", result="hit") >= 3
