@@ -396,3 +396,34 @@ def test_an_expired_cursor_says_to_query_again(shop, gateway):
             assert "query the view again" in error["message"]
         await client.close()
     asyncio.run(scenario())
+
+
+def test_a_rebuild_refreshes_live_values_and_ends_change_streams(shop, gateway):
+    """Runs last: it switches Customer to generation 1."""
+    from engine.rebuild import rebuild_view
+
+    key = _gold(shop)[0]
+
+    async def scenario() -> None:
+        client = await TransportWS.open(gateway.url)
+        live = await client.subscribe(f'subscription {{ customer(customerId: "{key}") '
+                                      f'{{ {CHANGE} }} }}')
+        assert (await client.next(live))["customer"]["op"] == "CURRENT"
+        changes = await client.subscribe("subscription { customerChanges { op } }")
+        await asyncio.to_thread(_subscribers, gateway, 2)
+
+        result = await asyncio.to_thread(rebuild_view, shop.spark, shop.settings,
+                                         shop.catalog, "Customer")
+        assert result.new_generation == 1
+        got: dict[str, list[dict]] = {}
+        for message in await client.take(3):
+            got.setdefault(message["id"], []).append(message)
+        fresh = got[live][0]["payload"]["data"]["customer"]
+        assert fresh["op"] == "CURRENT" and fresh["row"]["name"] == shop.customers[key]["name"]
+        assert decode_feed_cursor(fresh["cursor"], "Customer").generation == 1
+        ended = got[changes]
+        assert [m["type"] for m in ended] == ["next", "complete"]
+        assert ended[0]["payload"]["errors"][0]["extensions"]["code"] == "GENERATION_CHANGED"
+        assert "query it again" in ended[0]["payload"]["errors"][0]["message"]
+        await client.close()
+    asyncio.run(scenario())
