@@ -86,6 +86,7 @@ class Client:
     """Common to both protocols: JSON messages, read with a deadline."""
 
     protocol = ""
+    start_type = data_type = ""  # the protocol's names of the subscribe and data messages
 
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
@@ -117,43 +118,30 @@ class Client:
     async def close(self) -> None:
         await self.ws.close()
 
-    def _next_id(self) -> str:
+    async def subscribe(self, query: str, variables: dict | None = None) -> str:
         self.ids += 1
-        return str(self.ids)
+        op = str(self.ids)
+        await self.send({"id": op, "type": self.start_type,
+                         "payload": {"query": query, "variables": variables or {}}})
+        return op
+
+    async def next(self, op: str, timeout_s: float = TIMEOUT_S) -> dict:
+        """The `data` of the next data message of `op`; fails on anything else."""
+        message = await self.receive(timeout_s)
+        assert message.get("id") == op and message["type"] == self.data_type, message
+        assert "errors" not in message["payload"], message
+        return message["payload"]["data"]
 
 
 class TransportWS(Client):
     """graphql-transport-ws (the graphql-ws library's protocol)."""
 
     protocol = "graphql-transport-ws"
-
-    async def subscribe(self, query: str, variables: dict | None = None) -> str:
-        op = self._next_id()
-        await self.send({"id": op, "type": "subscribe",
-                         "payload": {"query": query, "variables": variables or {}}})
-        return op
-
-    async def next(self, op: str, timeout_s: float = TIMEOUT_S) -> dict:
-        """The `data` of the next `next` message of `op`; fails on anything else."""
-        message = await self.receive(timeout_s)
-        assert message.get("id") == op and message["type"] == "next", message
-        assert "errors" not in message["payload"], message
-        return message["payload"]["data"]
+    start_type, data_type = "subscribe", "next"
 
 
 class LegacyWS(Client):
     """graphql-ws (subscriptions-transport-ws, Apollo's legacy protocol)."""
 
     protocol = "graphql-ws"
-
-    async def subscribe(self, query: str, variables: dict | None = None) -> str:
-        op = self._next_id()
-        await self.send({"id": op, "type": "start",
-                         "payload": {"query": query, "variables": variables or {}}})
-        return op
-
-    async def next(self, op: str, timeout_s: float = TIMEOUT_S) -> dict:
-        message = await self.receive(timeout_s)
-        assert message.get("id") == op and message["type"] == "data", message
-        assert "errors" not in message["payload"], message
-        return message["payload"]["data"]
+    start_type, data_type = "start", "data"
