@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ from gateway.types import (
 from schema.storage import key_of
 
 SLOW_CLIENT_CLOSE_CODE = 4008
+MESSAGE_CACHE = 4096  # recent change messages, shared by their subscribers
 
 
 @strawberry.enum(description="What happened to a row. CURRENT: its value when the "
@@ -84,6 +86,7 @@ class Subscriptions:
         self.reads = fanout.reads
         self.changes = {name: change_type(vt) for name, vt in types.items()}
         self._closing: set[asyncio.Task] = set()
+        self._messages: OrderedDict[tuple[str, int, int, str], Any] = OrderedDict()
 
     def fields(self) -> dict[str, tuple[Any, Any]]:
         out: dict[str, tuple[Any, Any]] = {}
@@ -111,13 +114,21 @@ class Subscriptions:
         return Subscriber(self.settings.gateway_subscription_buffer, overflow)
 
     def _message(self, vt: ViewTypes, op: str, item: FeedEvent) -> Any:
-        event = item.event
-        return self.changes[vt.view.name](
-            op=ChangeOp(op), key=event.key, version=event.version,
-            cursor=encode_feed_cursor(FeedCursor(vt.view.name, event.generation, item.offset)),
-            row=vt.to_object(event.row) if event.row is not None else None,
-            before=vt.to_object(event.before) if event.before is not None else None,
-            committed_at_ms=event.committed_at_ms)
+        # Built once per change and op, however many subscribers it goes to.
+        slot = (vt.view.name, item.event.generation, item.offset, op)
+        message = self._messages.get(slot)
+        if message is None:
+            event = item.event
+            message = self._messages[slot] = self.changes[vt.view.name](
+                op=ChangeOp(op), key=event.key, version=event.version,
+                cursor=encode_feed_cursor(FeedCursor(vt.view.name, event.generation,
+                                                     item.offset)),
+                row=vt.to_object(event.row) if event.row is not None else None,
+                before=vt.to_object(event.before) if event.before is not None else None,
+                committed_at_ms=event.committed_at_ms)
+            if len(self._messages) > MESSAGE_CACHE:
+                self._messages.popitem(last=False)
+        return message
 
     # --- live value by key ----------------------------------------------------------------
 

@@ -360,7 +360,7 @@ def _text(value: Any) -> str:
 # The engine's atomic, fenced apply of one batch. Redis runs a script atomically, but does
 # not roll back on an error, so every op is checked before the first write.
 APPLY_BATCH_LUA = r"""
--- KEYS[1] meta hash; KEYS[2] the generation's change-event outbox;
+-- KEYS[1] meta hash; KEYS[2] (optional) the generation's change-event outbox;
 -- ARGV[1] batch id; ARGV[2] generation;
 -- ARGV[3] JSON object of meta fields (string values); ARGV[4] JSON list of ops;
 -- ARGV[5] the batch's serialized change events (see outbox_value).
@@ -405,7 +405,9 @@ end
 redis.call('HSET', meta, fence, ARGV[1])
 -- The transactional outbox: a crash before the change feed is published leaves the
 -- batch's events (with their previous rows, gone from Redis now) for the replay to send.
-redis.call('SET', KEYS[2], ARGV[5])
+if KEYS[2] then
+  redis.call('SET', KEYS[2], ARGV[5] or '')
+end
 -- Every generation keeps its own copy of the meta fields ("name:g<gen>"), which a switch
 -- promotes; the plain fields describe the generation being served, so a rebuild still
 -- catching up never shows through.
