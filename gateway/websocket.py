@@ -14,6 +14,7 @@ from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_P
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
 )
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.execution import PreExecutionError
 
 from gateway.subscriptions import SubscriptionContext
@@ -45,9 +46,37 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler):
         # client's other subscriptions (Strawberry would close the socket with 4400).
         return None
 
+    async def handle_message(self, message: Any) -> None:
+        if not isinstance(message, dict):  # valid JSON, but no message: malformed (4400)
+            await self.handle_invalid_message("a message must be a JSON object")
+            return
+        await super().handle_message(message)
+
+
+LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
+
+
+class LegacyWSHandler(BaseGraphQLWSHandler):
+    async def handle_message(self, message: Any) -> None:
+        # subscriptions-transport-ws answers a message it cannot handle with `error`
+        # (Strawberry ignores an unknown type and fails on a message without its fields).
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind in LEGACY_TYPES:
+            try:
+                await super().handle_message(message)
+                return
+            except (KeyError, TypeError):
+                problem = f"malformed {kind} message"
+        else:
+            problem = f"invalid message type {kind!r}"
+        op = message.get("id") if isinstance(message, dict) else None
+        await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
+                                 "payload": {"message": problem}})
+
 
 class GraphQLWebSocket(GraphQL):
     graphql_transport_ws_handler_class = TransportWSHandler
+    graphql_ws_handler_class = LegacyWSHandler
 
     def __init__(self, schema: Any, settings: Settings) -> None:
         super().__init__(

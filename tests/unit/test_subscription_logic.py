@@ -178,7 +178,7 @@ def test_the_fanout_drops_repeats_older_versions_and_other_generations():
     assert fanout.stats.repeats == 2
 
 
-def test_the_connection_init_payload_reaches_resolvers():
+def _tiny_app() -> Starlette:
     @strawberry.type
     class Query:
         ok: bool = True
@@ -186,13 +186,40 @@ def test_the_connection_init_payload_reaches_resolvers():
     @strawberry.type
     class Subscription:
         @strawberry.subscription
+        async def echo(self, text: str) -> AsyncIterator[str]:
+            yield text
+
+        @strawberry.subscription
         async def token(self, info: strawberry.Info) -> AsyncIterator[str]:
             yield info.context.connection_params["token"]
 
     schema = strawberry.Schema(query=Query, subscription=Subscription)
-    app = Starlette(routes=[WebSocketRoute("/graphql", GraphQLWebSocket(schema, Settings()))])
-    with TestClient(app).websocket_connect("/graphql",
-                                           subprotocols=["graphql-transport-ws"]) as ws:
+    return Starlette(routes=[WebSocketRoute("/graphql", GraphQLWebSocket(schema, Settings()))])
+
+
+def test_malformed_messages_get_each_protocols_answer():
+    client = TestClient(_tiny_app())
+    with client.websocket_connect("/graphql", subprotocols=["graphql-transport-ws"]) as ws:
+        ws.send_json({"type": "connection_init"})
+        assert ws.receive_json()["type"] == "connection_ack"
+        ws.send_json([1, 2])  # JSON, but not a message
+        assert ws.receive()["code"] == 4400
+    with client.websocket_connect("/graphql", subprotocols=["graphql-ws"]) as ws:
+        ws.send_json({"type": "connection_init"})
+        assert ws.receive_json()["type"] == "connection_ack"
+        assert ws.receive_json()["type"] == "ka"
+        for bad in ({"type": "nonsense", "id": "7"}, {"type": "start", "id": "8"}, [1]):
+            ws.send_json(bad)
+            error = ws.receive_json()
+            assert error["type"] == "error" and "message" in error["payload"], error
+        ws.send_json({"type": "start", "id": "9",
+                      "payload": {"query": 'subscription { echo(text: "still here") }'}})
+        assert ws.receive_json()["payload"] == {"data": {"echo": "still here"}}
+
+
+def test_the_connection_init_payload_reaches_resolvers():
+    with TestClient(_tiny_app()).websocket_connect(
+            "/graphql", subprotocols=["graphql-transport-ws"]) as ws:
         ws.send_json({"type": "connection_init", "payload": {"token": "secret"}})
         assert ws.receive_json()["type"] == "connection_ack"
         ws.send_json({"id": "1", "type": "subscribe",
