@@ -27,6 +27,7 @@ from gateway.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_curs
 from gateway.filters import Condition, QueryError
 from gateway.freshness import Freshness
 from gateway.live_lists import LiveList
+from gateway.redis_store import RedisUnavailable
 from gateway.subscribers import Subscriber, filter_key, relative_op
 from gateway.types import (
     RequestContext,
@@ -244,10 +245,11 @@ class Subscriptions:
                 raise _expired(view)
             return cursor.offset + 1
         assert after_version is not None
-        meta = await self.reads.redis.meta(view)
-        if meta.generation == generation and meta.version is not None \
-                and meta.version <= after_version:
-            return position  # nothing newer committed yet: the live feed has it all
+        with contextlib.suppress(RedisUnavailable):  # then search the feed
+            meta = await self.reads.redis.meta(view)
+            if meta.generation == generation and meta.version is not None \
+                    and meta.version <= after_version:
+                return position  # nothing newer committed yet: the live feed has it all
         low, high = await self.fanout.history.bounds(topic)
         start, first = await self.fanout.history.start_after_version(
             view, topic, generation, after_version, low, high)
