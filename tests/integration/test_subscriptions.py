@@ -292,6 +292,14 @@ def test_bad_input_gets_protocol_errors_and_the_server_keeps_serving(shop, gatew
             message = await client.receive()
             assert (message["type"], message["id"]) == ("error", op), message
         assert message["payload"][0]["extensions"]["code"] == "BAD_CURSOR"
+        op = await client.subscribe("subscription { customers(first: 100000) { totalCount } }")
+        message = await client.receive()
+        assert message["type"] == "error"
+        assert message["payload"][0]["extensions"]["code"] == "LIMIT_PAGE_SIZE"
+        await client.send({"id": "named", "type": "subscribe", "payload": {
+            "query": "subscription A { customerChanges { op } }", "operationName": "B"}})
+        message = await client.receive()
+        assert (message["type"], message["id"]) == ("error", "named"), message
         key = sorted(shop.customers)[0]
         op = await client.subscribe(f'subscription {{ customer(customerId: "{key}") {{ op }} }}')
         assert (await client.next(op))["customer"]["op"] == "CURRENT"  # still open
