@@ -23,12 +23,16 @@ from engine.sinks.rejects import Rejects, split_keyless
 from schema.catalog import View, graphql_fields
 from schema.settings import Settings
 from schema.storage import (
+    REPLAYED,
     RETIRED,
     ChangeEvent,
+    change_op,
+    changefeed_topic,
     deadletter_topic,
     delta_app_id,
     delta_table_path,
     key_of,
+    outbox_value,
 )
 
 log = logging.getLogger("viewgate.engine.commit")
@@ -48,7 +52,8 @@ class ViewCommitter:
         self.generation = generation
         self.delete_on = tuple(delete_on) or view.key
         self.redis = RedisSink(settings.redis_url, view, graphql_fields(view))
-        self.feed = ChangeFeed(settings.kafka_bootstrap, view.name)
+        self.feed = ChangeFeed(settings.kafka_bootstrap,
+                               changefeed_topic(view.name, settings.changefeed_prefix))
         self.rejects = Rejects(settings.kafka_bootstrap, deadletter_topic(view.source),
                                view.name, view.key)
         self.delta = DeltaSink(
@@ -56,6 +61,14 @@ class ViewCommitter:
             view,
             app_id=delta_app_id(view.name, generation),
         )
+
+    def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
+                deletes: set[str], old_rows: Mapping[str, dict[str, Any]]) -> list[ChangeEvent]:
+        def event(key: str, row: dict[str, Any] | None) -> ChangeEvent:
+            before = old_rows.get(key)
+            return ChangeEvent(self.view.name, key, change_op(before, row), row, before,
+                               batch_id, self.generation, now_ms)
+        return [event(k, r) for k, r in upserts.items()] + [event(k, None) for k in deletes]
 
     def commit(
         self,
@@ -80,18 +93,19 @@ class ViewCommitter:
             meta |= {"offsets": covered.offsets, "watermark": covered.watermark}
         upserts = {key_of(r, self.view.key): dict(r) for r in rows}
         deletes = {key_of(d, self.delete_on) for d in deleted}
-        status = self.redis.apply(batch_id, self.generation, upserts, deletes, meta=meta)
+        old_rows = self.redis.previous_rows(self.generation, [*upserts, *deletes])
+        events = self._events(batch_id, now_ms, upserts, deletes, old_rows)
+        status = self.redis.apply(batch_id, self.generation, upserts, deletes, meta=meta,
+                                  old_rows=old_rows, outbox=outbox_value(batch_id, events))
         if status == RETIRED:
             return status  # readers moved to a rebuilt generation; the engine restarts us
+        if status == REPLAYED:
+            # Redis holds this batch already, so the previous rows read above are its new
+            # ones: publish what the first attempt stored (None: a later batch followed,
+            # so this one's events went out before it).
+            events = self.redis.outbox(self.generation, batch_id) or []
         failpoint("after_redis", self.view.name)
         redis_done = time.perf_counter()
-        events = [
-            ChangeEvent(self.view.name, k, "upsert", r, batch_id, self.generation, now_ms)
-            for k, r in upserts.items()
-        ] + [
-            ChangeEvent(self.view.name, k, "delete", None, batch_id, self.generation, now_ms)
-            for k in deletes
-        ]
         self.feed.publish(events)
         failpoint("after_changefeed", self.view.name)
         feed_done = time.perf_counter()

@@ -31,7 +31,7 @@ from engine.generations import (
 )
 from engine.runner import record_progress
 from engine.sinks.delta_sink import ensure_table
-from engine.topics import ensure_topics
+from engine.topics import ensure_view_topics
 from engine.views import start_view_query
 from schema.catalog import Catalog
 from schema.settings import Settings
@@ -118,7 +118,7 @@ def rebuild_view(
     started = time.monotonic()
     with _exclusive(settings, view.name):
         schema = analyse(spark, catalog)[view.name]
-        ensure_topics(settings.kafka_bootstrap, catalog)
+        ensure_view_topics(settings, catalog)
         client = redis.Redis.from_url(settings.redis_url)
         try:
             live = reconcile_generation(settings, client, view.name)

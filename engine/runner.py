@@ -18,7 +18,7 @@ from engine.failures import summarize
 from engine.generations import reconcile_generation
 from engine.progress import ProgressRecorder
 from engine.sinks.delta_sink import ensure_table
-from engine.topics import ensure_topics
+from engine.topics import ensure_view_topics
 from engine.views import start_deadletter_query, start_view_query
 from schema.catalog import Catalog
 from schema.settings import Settings
@@ -47,7 +47,7 @@ def prepare(spark: SparkSession, settings: Settings, catalog: Catalog) -> dict[s
     """Analyse every view and make sure its current Delta table and meta exist.
     Returns each view's current generation."""
     schemas = analyse(spark, catalog)
-    ensure_topics(settings.kafka_bootstrap, catalog)
+    ensure_view_topics(settings, catalog)
     prepared: dict[str, int] = {}
     client = redis.Redis.from_url(settings.redis_url)
     try:

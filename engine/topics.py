@@ -1,5 +1,8 @@
 """Create the topics the engine reads and writes when they do not exist yet, so a view
-whose source has no events so far starts (and waits) instead of failing."""
+whose source has no events so far starts (and waits) instead of failing.
+
+Change-feed topics get exactly one partition (a view's changes in one order, so a
+subscriber's position is one offset) and the configured retention."""
 
 from __future__ import annotations
 
@@ -7,16 +10,27 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from schema.catalog import Catalog
-from schema.storage import changefeed_topic, deadletter_topic
+from schema.settings import Settings
+from schema.storage import CHANGEFEED_PREFIX, changefeed_topic, deadletter_topic
 
 
-def ensure_topics(bootstrap: str, catalog: Catalog, timeout_s: float = 30) -> None:
+def ensure_topics(bootstrap: str, catalog: Catalog, timeout_s: float = 30,
+                  changefeed_prefix: str = CHANGEFEED_PREFIX,
+                  changefeed_retention_ms: int | None = None) -> None:
     topics = [s.topic for s in catalog.sources.values()]
     topics += [deadletter_topic(s) for s in catalog.sources]
-    topics += [changefeed_topic(v) for v in catalog.views]
+    feeds = {changefeed_topic(v, changefeed_prefix) for v in catalog.views}
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    existing = admin.list_topics(timeout=timeout_s).topics
+    split = sorted(t for t in feeds if t in existing and len(existing[t].partitions) != 1)
+    if split:
+        raise RuntimeError(f"change-feed topics {', '.join(split)} have more than one "
+                           "partition; subscriptions need one: delete and recreate them")
+    feed_config = {} if changefeed_retention_ms is None else {
+        "retention.ms": str(changefeed_retention_ms)}
     missing = [NewTopic(t) for t in dict.fromkeys(topics) if t not in existing]
+    missing += [NewTopic(t, num_partitions=1, config=feed_config)
+                for t in sorted(feeds) if t not in existing]
     if not missing:
         return
     for topic, future in admin.create_topics(missing, operation_timeout=timeout_s).items():
@@ -25,3 +39,10 @@ def ensure_topics(bootstrap: str, catalog: Catalog, timeout_s: float = 30) -> No
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise RuntimeError(f"cannot create topic {topic}: {exc}") from exc
+
+
+def ensure_view_topics(settings: Settings, catalog: Catalog) -> None:
+    """ensure_topics with the change feed's prefix and retention from the settings."""
+    ensure_topics(settings.kafka_bootstrap, catalog,
+                  changefeed_prefix=settings.changefeed_prefix,
+                  changefeed_retention_ms=settings.changefeed_retention_ms)

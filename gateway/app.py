@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import AsyncIterator
+from typing import Any
 
 import redis.asyncio as aioredis
 import strawberry
@@ -12,11 +13,12 @@ from graphql import GraphQLError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route, WebSocketRoute
 from strawberry.types import ExecutionContext
 
 from gateway.dashboard_page import dashboard_routes
+from gateway.fanout import Fanout
 from gateway.fast_http import FastEntry
 from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
@@ -24,8 +26,10 @@ from gateway.limits import schema_extensions
 from gateway.metrics import metrics_endpoint
 from gateway.reads import Reads
 from gateway.startup_check import check_against_delta
+from gateway.subscriptions import Subscriptions
 from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
 from gateway.types import build_view_types, root_fields
+from gateway.websocket import GraphQLWebSocket, parse_errors_as_results
 from schema.catalog import Catalog
 from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
@@ -42,9 +46,12 @@ class GatewaySchema(strawberry.Schema):
                       and not isinstance(e.original_error, GraphQLError)]
         super().process_errors(unexpected, execution_context)
 
+    async def stream(self, *args: Any, **kwargs: Any) -> Any:
+        return parse_errors_as_results(await super().stream(*args, **kwargs))
+
 
 def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Catalog,
-                 reads: Reads) -> tuple[strawberry.Schema, dict]:
+                 reads: Reads, fanout: Fanout | None = None) -> tuple[strawberry.Schema, dict]:
     types = build_view_types(catalog, reads, settings)
     annotations: dict[str, object] = {"system": SystemStatus, "views": list[ViewStatus]}
     attrs: dict[str, object] = {
@@ -63,7 +70,14 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
         attrs[name] = field
     attrs["__annotations__"] = annotations
     query = strawberry.type(type("Query", (), attrs))
-    schema = GatewaySchema(query=query, extensions=schema_extensions(settings))
+    subscription = None
+    if fanout is not None:
+        fields = Subscriptions(types, fanout, settings).fields()
+        subscription = strawberry.type(type("Subscription", (), {
+            "__annotations__": {name: annotation for name, (annotation, _) in fields.items()},
+            **{name: field for name, (_, field) in fields.items()}}))
+    schema = GatewaySchema(query=query, subscription=subscription,
+                           extensions=schema_extensions(settings))
     return schema, types
 
 
@@ -75,7 +89,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     check_against_delta(catalog, settings.delta_location)
     redis_client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2)
     reads = Reads(catalog, settings)
-    schema, types = build_schema(settings, redis_client, catalog, reads)
+    fanout = Fanout(catalog, settings, reads)
+    schema, types = build_schema(settings, redis_client, catalog, reads, fanout)
     fast = FastPath(schema, types, settings) if fast_path else None
     graphql = GraphQLHTTP(schema, reads, catalog, settings, fast)
     sdl_text = schema.as_str() + "\n"
@@ -86,19 +101,26 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     async def sdl(_: Request) -> PlainTextResponse:
         return PlainTextResponse(sdl_text, media_type="application/graphql")
 
+    async def subscriptions(_: Request) -> JSONResponse:
+        return JSONResponse(fanout.report())
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         # What start-up built (schema, catalog, modules) lives as long as the process: keep
         # it out of the collector, whose full passes over it paused every request for tens
         # of milliseconds (the latency tail).
         gc.freeze()
+        await fanout.start()  # the change feed is assigned before the first subscriber
         yield
+        await fanout.stop()
         await reads.close()
         await redis_client.aclose()
 
     app = Starlette(
         routes=[
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
+            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings)),
+            Route("/subscriptions", subscriptions),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
             Route("/metrics", metrics_endpoint),
@@ -111,4 +133,5 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     app.state.schema = schema
     app.state.reads = reads
     app.state.fast = fast
+    app.state.fanout = fanout
     return app

@@ -23,6 +23,7 @@ from strawberry.dataloader import DataLoader
 from gateway.delta_store import AsOf
 from gateway.filters import (
     Condition,
+    Order,
     QueryError,
     encode_cursor,
     key_lookup,
@@ -257,7 +258,7 @@ def _relationship_field(catalog: Catalog, view: View, rel: Relationship,
 # --- Root fields ---------------------------------------------------------------------------
 
 
-def _with_signature(fn: Callable, params: list[inspect.Parameter]) -> Callable:
+def with_signature(fn: Callable, params: list[inspect.Parameter]) -> Callable:
     """Give a `**kwargs` resolver the arguments Strawberry should expose."""
     info = inspect.Parameter("info", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                              annotation=strawberry.Info)
@@ -266,7 +267,8 @@ def _with_signature(fn: Callable, params: list[inspect.Parameter]) -> Callable:
     return fn
 
 
-def _kw(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
+def keyword(name: str, annotation: Any,
+            default: Any = inspect.Parameter.empty) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                              default=default)
 
@@ -309,11 +311,29 @@ def _lookup_field(vt: ViewTypes) -> Any:
             row = await ctx.rows_loader(view).load(key)
         return vt.to_object(row) if row is not None else None
 
-    params = [_kw(c, vt.fields[c].python_type) for c in view.key]
-    params.append(_kw("as_of", AsOfInput | None, None))
+    params = [keyword(c, vt.fields[c].python_type) for c in view.key]
+    params.append(keyword("as_of", AsOfInput | None, None))
     return strawberry.field(
-        resolver=_with_signature(lookup, params), graphql_type=vt.object | None,
+        resolver=with_signature(lookup, params), graphql_type=vt.object | None,
         description=f"One {view.name} by its key ({', '.join(view.key)}); null if none.")
+
+
+def list_query(vt: ViewTypes, where: Any, order_by: Any) -> tuple[list[Condition], Order]:
+    """A list's `where` and `orderBy` arguments, checked against the view's indexes."""
+    view = vt.view
+    conditions = parse_where(view, vt.fields, _where_dict(where, vt.fields))
+    order = parse_order(view, vt.fields, order_by.field.value if order_by else None,
+                        bool(order_by and order_by.direction is SortDirection.DESC),
+                        conditions)
+    if order.field not in view.indexes and key_lookup(view, conditions) is None:
+        raise QueryError(f"{view.name} has no index: filter on its key with eq or in",
+                         "FIELD_NOT_INDEXED", view=view.name)
+    return conditions, order
+
+
+def where_conditions(vt: ViewTypes, where: Any) -> list[Condition]:
+    """A `where` argument as conditions (the list's rules: key and indexed fields)."""
+    return parse_where(vt.view, vt.fields, _where_dict(where, vt.fields))
 
 
 @dataclass
@@ -330,14 +350,7 @@ async def connection_page(reads: Reads, fresh: Freshness, load: Callable[[Sequen
                           vt: ViewTypes, settings: Any, kwargs: dict[str, Any]) -> ConnectionPage:
     """The page a list field's (Strawberry-converted) arguments ask for."""
     view = vt.view
-    conditions = parse_where(view, vt.fields, _where_dict(kwargs.get("where"), vt.fields))
-    order_by = kwargs.get("order_by")
-    order = parse_order(view, vt.fields, order_by.field.value if order_by else None,
-                        bool(order_by and order_by.direction is SortDirection.DESC),
-                        conditions)
-    if order.field not in view.indexes and key_lookup(view, conditions) is None:
-        raise QueryError(f"{view.name} has no index: filter on its key with eq or in",
-                         "FIELD_NOT_INDEXED", view=view.name)
+    conditions, order = list_query(vt, kwargs.get("where"), kwargs.get("order_by"))
     first, after, last, before = (kwargs.get(k) for k in ("first", "after", "last", "before"))
     page = make_page(first, after, last, before, order, vt.fields,
                      settings.gateway_default_page_size, settings.gateway_max_page_size)
@@ -353,29 +366,39 @@ def _list_field(vt: ViewTypes, settings: Any) -> Any:
     view = vt.view
 
     async def list_(info: strawberry.Info, **kwargs: Any) -> Any:
-        ctx: RequestContext = info.context
-        page = await connection_page(ctx.reads, ctx.fresh, ctx.load_rows(view), vt, settings,
-                                     kwargs)
-        edges = [vt.edge(node=vt.to_object(row), cursor=encode_cursor(position))
-                 for position, row in page.items]
-        info_ = PageInfo(has_next_page=page.has_next, has_previous_page=page.has_previous,
-                         start_cursor=edges[0].cursor if edges else None,
-                         end_cursor=edges[-1].cursor if edges else None)
-        return vt.connection(edges=edges, page_info=info_, total_count=page.total)
+        return await list_page(vt, settings, info.context, kwargs)
 
-    params = [
-        _kw("where", vt.where | None, None),
-        _kw("order_by", vt.order_by | None, None),
-        _kw("first", int | None, None),
-        _kw("after", str | None, None),
-        _kw("last", int | None, None),
-        _kw("before", str | None, None),
-        _kw("as_of", AsOfInput | None, None),
-    ]
+    params = list_params(vt)
     return strawberry.field(
-        resolver=_with_signature(list_, params), graphql_type=vt.connection,
+        resolver=with_signature(list_, params), graphql_type=vt.connection,
         description=(f"{view.name} rows as a Relay connection: filter with `where` (key and "
                      f"indexed fields), sort with `orderBy` (indexed fields; default: the "
                      f"first filtered index, else "
                      f"{vt.fields[view.indexes[0]].graphql_name if view.indexes else 'the key'}), "
                      f"page with first/after or last/before."))
+
+
+async def list_page(vt: ViewTypes, settings: Any, ctx: RequestContext,
+                    kwargs: dict[str, Any]) -> Any:
+    """One page of a list, laid out (the query's and the live list subscription's)."""
+    page = await connection_page(ctx.reads, ctx.fresh, ctx.load_rows(vt.view), vt, settings,
+                                 kwargs)
+    edges = [vt.edge(node=vt.to_object(row), cursor=encode_cursor(position))
+             for position, row in page.items]
+    info_ = PageInfo(has_next_page=page.has_next, has_previous_page=page.has_previous,
+                     start_cursor=edges[0].cursor if edges else None,
+                     end_cursor=edges[-1].cursor if edges else None)
+    return vt.connection(edges=edges, page_info=info_, total_count=page.total)
+
+
+def list_params(vt: ViewTypes) -> list[inspect.Parameter]:
+    """The list field's arguments, in order."""
+    return [
+        keyword("where", vt.where | None, None),
+        keyword("order_by", vt.order_by | None, None),
+        keyword("first", int | None, None),
+        keyword("after", str | None, None),
+        keyword("last", int | None, None),
+        keyword("before", str | None, None),
+        keyword("as_of", AsOfInput | None, None),
+    ]

@@ -88,6 +88,18 @@ class Settings(BaseSettings):
         "and view, batch_id, request_id where a record has them).",
     )
 
+    # The change feed (one Kafka topic per view, written by the engine, read by gateways).
+    changefeed_prefix: str = Field(
+        "viewgate.changes.",
+        description="Prefix of the change-feed topics (<prefix><View>), so several "
+        "deployments can share a Kafka cluster.",
+    )
+    changefeed_retention_ms: int = Field(
+        7 * 24 * 3600 * 1000,
+        description="Retention (retention.ms) of change-feed topics the engine creates: how "
+        "far back a subscription can resume. Existing topics keep theirs.",
+    )
+
     # Artifacts.
     cache_dir: Path = Field(
         Path.home() / ".cache" / "viewgate",
@@ -144,6 +156,24 @@ class Settings(BaseSettings):
     )
     gateway_document_cache_size: int = Field(
         1_000, description="Parsed and validated documents the gateway keeps."
+    )
+
+    gateway_subscription_buffer: int = Field(
+        1_000,
+        description="Messages a subscription may have waiting for a slow client; past it the "
+        "gateway closes that client's websocket (code 4008, reason says too slow).",
+    )
+    gateway_subscription_coalesce_ms: int = Field(
+        20,
+        description="How long a live list waits after a change before evaluating its page "
+        "again, so a burst of changes costs one evaluation.",
+    )
+    gateway_max_subscriptions_per_connection: int = Field(
+        1_000, description="Most subscriptions one websocket connection may hold open."
+    )
+    gateway_keep_alive_s: float = Field(
+        15.0,
+        description="Interval of the graphql-ws keep-alive ('ka') messages.",
     )
 
     # The local development stack (`viewgate up`, `viewgate kafka|redis start`).

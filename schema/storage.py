@@ -206,6 +206,11 @@ def index_key(view: str, generation: int, field_name: str) -> str:
     return f"{REDIS_PREFIX}{view}:g{generation}:idx:{field_name}"
 
 
+def outbox_key(view: str, generation: int) -> str:
+    """The change events of the generation's last applied batch (see APPLY_BATCH_LUA)."""
+    return f"{REDIS_PREFIX}{view}:g{generation}:outbox"
+
+
 def generation_pattern(view: str, generation: int) -> str:
     """SCAN pattern for every key of one generation (to drop an old one)."""
     return f"{REDIS_PREFIX}{view}:g{generation}:*"
@@ -376,8 +381,10 @@ def _text(value: Any) -> str:
 # The engine's atomic, fenced apply of one batch. Redis runs a script atomically, but does
 # not roll back on an error, so every op is checked before the first write.
 APPLY_BATCH_LUA = r"""
--- KEYS[1] meta hash; ARGV[1] batch id; ARGV[2] generation;
--- ARGV[3] JSON object of meta fields (string values); ARGV[4] JSON list of ops.
+-- KEYS[1] meta hash; KEYS[2] (optional) the generation's change-event outbox;
+-- ARGV[1] batch id; ARGV[2] generation;
+-- ARGV[3] JSON object of meta fields (string values); ARGV[4] JSON list of ops;
+-- ARGV[5] the batch's serialized change events (see outbox_value).
 local meta = KEYS[1]
 local batch = tonumber(ARGV[1])
 local gen = ARGV[2]
@@ -417,6 +424,11 @@ if (not seen) and batch == 0 then
   redis.call('HSET', meta, 'complete:g' .. gen, ARGV[1])
 end
 redis.call('HSET', meta, fence, ARGV[1])
+-- The transactional outbox: a crash before the change feed is published leaves the
+-- batch's events (with their previous rows, gone from Redis now) for the replay to send.
+if KEYS[2] then
+  redis.call('SET', KEYS[2], ARGV[5] or '')
+end
 -- Every generation keeps its own copy of the meta fields ("name:g<gen>"), which a switch
 -- promotes; the plain fields describe the generation being served, so a rebuild still
 -- catching up never shows through.
@@ -485,12 +497,13 @@ def op_zrem(key: str, member: str) -> Op:
 
 
 def apply_batch_args(batch_id: int, generation: int, meta: Mapping[str, Any],
-                     ops: Iterable[Op]) -> list[str]:
-    """ARGV for APPLY_BATCH_LUA (KEYS is [meta_key(view)]). Meta values become strings."""
+                     ops: Iterable[Op], outbox: bytes = b"") -> list[str | bytes]:
+    """ARGV for APPLY_BATCH_LUA (KEYS is [meta_key(view), outbox_key(view, generation)]).
+    Meta values become strings; `outbox` is outbox_value(batch_id, events)."""
     meta_text = {k: v if isinstance(v, str) else orjson.dumps(v).decode()
                  for k, v in meta.items()}
     return [str(int(batch_id)), str(int(generation)), orjson.dumps(meta_text).decode(),
-            orjson.dumps(list(ops)).decode()]
+            orjson.dumps(list(ops)).decode(), outbox]
 
 
 # The gateway's re-warm of rows it read from Delta. It applies only if the fence is still
@@ -544,15 +557,23 @@ def warm_rows_args(generation: int, fence_seen: int | None, delta_batch: int,
 
 # --- Change feed ------------------------------------------------------------------------
 
-CHANGE_EVENT_FORMAT = 1
+# Format 2: ops insert / update / delete, and `before`, the row's previous value, so a
+# subscriber can tell a row entering its filter from one leaving it.
+CHANGE_EVENT_FORMAT = 2
+CHANGE_OPS = ("insert", "update", "delete")
+CHANGEFEED_PREFIX = "viewgate.changes."
 
 
-def changefeed_topic(view: str) -> str:
-    return f"viewgate.changes.{view}"
+def changefeed_topic(view: str, prefix: str = CHANGEFEED_PREFIX) -> str:
+    """One topic per view with one partition, so a position in the feed is an offset."""
+    return f"{prefix}{view}"
 
 
 def deadletter_topic(source_name: str) -> str:
     return f"viewgate.deadletter.{source_name}"
+
+
+ChangeOp = Literal["insert", "update", "delete"]
 
 
 @dataclass(frozen=True)
@@ -561,32 +582,61 @@ class ChangeEvent:
 
     view: str
     key: str
-    op: Literal["upsert", "delete"]
-    row: dict[str, Any] | None
+    op: ChangeOp
+    row: dict[str, Any] | None  # the new row; None on delete
+    before: dict[str, Any] | None  # the previous row; None on insert
     version: int  # batch id
     generation: int
     committed_at_ms: int
 
-    def to_bytes(self) -> bytes:
-        return _dumps({
+    def to_dict(self) -> dict[str, Any]:
+        return {
             "format": CHANGE_EVENT_FORMAT,
             "view": self.view,
             "key": self.key,
             "op": self.op,
             "row": self.row,
+            "before": self.before,
             "version": self.version,
             "generation": self.generation,
             "committed_at_ms": self.committed_at_ms,
-        })
+        }
+
+    def to_bytes(self) -> bytes:
+        return _dumps(self.to_dict())
 
     @classmethod
-    def from_bytes(cls, data: bytes | str) -> ChangeEvent:
-        d = orjson.loads(data)
+    def from_dict(cls, d: Mapping[str, Any]) -> ChangeEvent:
         if d.get("format") != CHANGE_EVENT_FORMAT:
             raise ValueError(f"change event format {d.get('format')!r} is not "
                              f"{CHANGE_EVENT_FORMAT}; upgrade the reader")
-        if d["op"] not in ("upsert", "delete"):
+        if d["op"] not in CHANGE_OPS:
             raise ValueError(f"unknown change op {d['op']!r}")
         return cls(view=d["view"], key=d["key"], op=d["op"], row=d["row"],
-                   version=int(d["version"]), generation=int(d["generation"]),
-                   committed_at_ms=int(d["committed_at_ms"]))
+                   before=d.get("before"), version=int(d["version"]),
+                   generation=int(d["generation"]), committed_at_ms=int(d["committed_at_ms"]))
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str) -> ChangeEvent:
+        return cls.from_dict(orjson.loads(data))
+
+
+def change_op(before: Mapping[str, Any] | None, row: Mapping[str, Any] | None) -> ChangeOp:
+    """The op of a change from the row's previous and new value (None: absent)."""
+    if row is None:
+        return "delete"
+    return "insert" if before is None else "update"
+
+
+def outbox_value(batch_id: int, events: Sequence[ChangeEvent]) -> bytes:
+    return _dumps({"batch": int(batch_id), "events": [e.to_dict() for e in events]})
+
+
+def outbox_events(data: bytes | str | None, batch_id: int) -> list[ChangeEvent] | None:
+    """The stored events of `batch_id`; None when the outbox holds another batch (or none)."""
+    if not data:
+        return None
+    stored = orjson.loads(data)
+    if stored.get("batch") != batch_id:
+        return None
+    return [ChangeEvent.from_dict(e) for e in stored["events"]]

@@ -10,12 +10,12 @@ from collections.abc import Iterable
 
 from confluent_kafka import KafkaException, Producer
 
-from schema.storage import ChangeEvent, changefeed_topic
+from schema.storage import ChangeEvent
 
 
 class ChangeFeed:
-    def __init__(self, bootstrap: str, view: str) -> None:
-        self.topic = changefeed_topic(view)
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
         self.producer = Producer(
             {
                 "bootstrap.servers": bootstrap,

@@ -11,6 +11,7 @@ from schema.catalog import FieldInfo, View
 from schema.storage import (
     APPLY_BATCH_LUA,
     META_LATE_EVENTS,
+    ChangeEvent,
     apply_batch_args,
     decode_row,
     encode_row,
@@ -22,6 +23,8 @@ from schema.storage import (
     op_set,
     op_zadd,
     op_zrem,
+    outbox_events,
+    outbox_key,
     row_key,
 )
 
@@ -43,6 +46,15 @@ class RedisSink:
                 entries.add((index_key(self.view.name, gen, field), *entry))
         return entries
 
+    def previous_rows(self, generation: int, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """The stored rows of `keys` (absent ones left out): their index entries must go, and
+        change events carry them as `before`. Only the engine writes a view, and the apply
+        is fenced, so reading first is safe."""
+        if not keys:
+            return {}
+        stored = self.client.mget([row_key(self.view.name, generation, k) for k in keys])
+        return {k: decode_row(v) for k, v in zip(keys, stored, strict=True) if v}
+
     def apply(
         self,
         batch_id: int,
@@ -50,16 +62,12 @@ class RedisSink:
         upserts: Mapping[str, Mapping[str, Any]],
         deletes: set[str],
         meta: Mapping[str, Any],
+        old_rows: Mapping[str, Mapping[str, Any]],
+        outbox: bytes = b"",
     ) -> int:
         """APPLIED, REPLAYED (Redis already holds this batch) or RETIRED (a rebuild
-        replaced this generation), as schema.storage names them."""
-        keys = [*upserts, *deletes]
-        old_rows = {}
-        if keys and self.view.indexes:
-            # Index entries of the rows being replaced must go; only the engine writes a
-            # view, and the apply is fenced, so reading first is safe.
-            stored = self.client.mget([row_key(self.view.name, generation, k) for k in keys])
-            old_rows = {k: decode_row(v) for k, v in zip(keys, stored, strict=True) if v}
+        replaced this generation), as schema.storage names them. `outbox` (the batch's
+        change events) is stored with the rows, atomically."""
         ops = []
         for key, row in upserts.items():
             ops.append(op_set(row_key(self.view.name, generation, key), encode_row(row)))
@@ -71,8 +79,13 @@ class RedisSink:
             ops.append(op_del(row_key(self.view.name, generation, key)))
             old = self._index_entries(old_rows.get(key), key, generation)
             ops += [op_zrem(k, m) for k, _, m in old]
-        args = apply_batch_args(batch_id, generation, meta, ops)
-        return int(self.apply_script(keys=[meta_key(self.view.name)], args=args))
+        args = apply_batch_args(batch_id, generation, meta, ops, outbox)
+        keys = [meta_key(self.view.name), outbox_key(self.view.name, generation)]
+        return int(self.apply_script(keys=keys, args=args))
+
+    def outbox(self, generation: int, batch_id: int) -> list[ChangeEvent] | None:
+        """The change events stored with `batch_id`; None if a later batch replaced them."""
+        return outbox_events(self.client.get(outbox_key(self.view.name, generation)), batch_id)
 
     def late_events(self, generation: int) -> int:
         """Late events counted so far (up to the previous batch: Spark reports a batch's

@@ -287,17 +287,25 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
         assert len(batches) == len(set(batches)), f"{view}: a batch was merged twice"
 
         # The change feed: a repeated (key, version) is the same change; after dropping
-        # repeats, each key's versions rise, and its last change is what Redis holds.
+        # repeats, each key's versions rise, each change's `before` is the row of the key's
+        # previous change (also across the crash after the Redis apply, which the outbox
+        # covers), its op follows from both, and the last change is what Redis holds.
         seen: dict[tuple[str, int], ChangeEvent] = {}
         last: dict[str, ChangeEvent] = {}
         for event in _changes(bootstrap, view, feed_start[view]):
             first = seen.setdefault((event.key, event.version), event)
-            assert (first.op, first.row) == (event.op, event.row), f"{view} {event.key}"
+            assert (first.op, first.row, first.before) == (event.op, event.row, event.before), \
+                f"{view} {event.key}"
             if first is not event:
                 continue
-            if event.key in last:
-                assert event.version > last[event.key].version, f"{view} {event.key}"
+            previous = last.get(event.key)
+            if previous is not None:
+                assert event.version > previous.version, f"{view} {event.key}"
+            assert event.before == (previous.row if previous else None), f"{view} {event.key}"
+            want_op = "delete" if event.row is None else (
+                "update" if event.before is not None else "insert")
+            assert event.op == want_op, f"{view} {event.key}"
             last[event.key] = event
-        live = {k: e.row for k, e in last.items() if e.op == "upsert"}
+        live = {k: e.row for k, e in last.items() if e.op != "delete"}
         assert live == redis_rows(client, view), f"{view}: the change feed's last word differs"
     client.close()

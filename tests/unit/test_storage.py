@@ -17,6 +17,7 @@ from schema.storage import (
     ChangeEvent,
     ViewMeta,
     apply_batch_args,
+    change_op,
     changefeed_topic,
     current_generation_path,
     deadletter_topic,
@@ -31,6 +32,9 @@ from schema.storage import (
     meta_table_path,
     op_set,
     op_zadd,
+    outbox_events,
+    outbox_key,
+    outbox_value,
     parse_key,
     read_current_generation,
     row_key,
@@ -106,6 +110,8 @@ def test_redis_names() -> None:
     assert meta_key("Order") == "vg:Order:meta"
     assert index_key("Order", 1, "status") == "vg:Order:g1:idx:status"
     assert changefeed_topic("Order") == "viewgate.changes.Order"
+    assert changefeed_topic("Order", "t1.") == "t1.Order"
+    assert outbox_key("Order", 1) == "vg:Order:g1:outbox"
     assert deadletter_topic("orders") == "viewgate.deadletter.orders"
 
 
@@ -146,16 +152,36 @@ def test_encode_decode_row() -> None:
 
 
 def test_change_event_round_trip() -> None:
-    event = ChangeEvent("Order", "O1", "upsert", {"order_id": "O1", "ts": T0}, 7, 1, 1234)
+    event = ChangeEvent("Order", "O1", "update", {"order_id": "O1", "ts": T0},
+                        {"order_id": "O1", "ts": "2024-01-01T11:00:00Z"}, 7, 1, 1234)
     data = event.to_bytes()
-    assert orjson.loads(data)["format"] == CHANGE_EVENT_FORMAT
+    assert orjson.loads(data)["format"] == CHANGE_EVENT_FORMAT == 2
     back = ChangeEvent.from_bytes(data)
-    assert back == ChangeEvent("Order", "O1", "upsert",
-                               {"order_id": "O1", "ts": "2024-01-01T12:00:00Z"}, 7, 1, 1234)
-    delete = ChangeEvent("Order", "O1", "delete", None, 8, 1, 1235)
+    assert back == ChangeEvent("Order", "O1", "update",
+                               {"order_id": "O1", "ts": "2024-01-01T12:00:00Z"},
+                               {"order_id": "O1", "ts": "2024-01-01T11:00:00Z"}, 7, 1, 1234)
+    delete = ChangeEvent("Order", "O1", "delete", None, {"order_id": "O1"}, 8, 1, 1235)
     assert ChangeEvent.from_bytes(delete.to_bytes()) == delete
     with pytest.raises(ValueError, match="format"):
-        ChangeEvent.from_bytes(orjson.dumps({**orjson.loads(data), "format": 99}))
+        ChangeEvent.from_bytes(orjson.dumps({**orjson.loads(data), "format": 1}))
+    with pytest.raises(ValueError, match="op"):
+        ChangeEvent.from_bytes(orjson.dumps({**orjson.loads(data), "op": "upsert"}))
+
+
+def test_change_op_follows_from_before_and_after() -> None:
+    assert change_op(None, {"a": 1}) == "insert"
+    assert change_op({"a": 0}, {"a": 1}) == "update"
+    assert change_op({"a": 0}, None) == "delete"
+    assert change_op(None, None) == "delete"
+
+
+def test_outbox_holds_one_batch() -> None:
+    events = [ChangeEvent("Order", "O1", "insert", {"order_id": "O1"}, None, 4, 0, 1)]
+    stored = outbox_value(4, events)
+    assert outbox_events(stored, 4) == events
+    assert outbox_events(stored, 3) is None
+    assert outbox_events(None, 4) is None
+    assert outbox_events(outbox_value(5, []), 5) == []
 
 
 def test_view_meta_round_trip_through_redis_strings() -> None:

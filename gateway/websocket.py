@@ -1,0 +1,92 @@
+"""GraphQL over websockets on /graphql: Strawberry's own handlers of both protocols,
+`graphql-transport-ws` (graphql-ws, the current one) and the legacy `graphql-ws`
+(subscriptions-transport-ws), with keep-alive. Each connection's context carries its
+websocket (to close a slow client) and the `connection_init` payload."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from graphql import GraphQLError
+from strawberry.asgi import GraphQL
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
+    BaseGraphQLTransportWSHandler,
+)
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+from strawberry.types.execution import PreExecutionError
+
+from gateway.subscriptions import SubscriptionContext
+from schema.settings import Settings
+
+
+async def parse_errors_as_results(source: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+    """A stream whose document fails to parse yields that error as its first result.
+    (Strawberry's parser-cache extension raises it out of the stream, which its protocol
+    handlers answer with a bare `complete`: the client would never learn why.)"""
+    started = False
+    try:
+        async for result in source:
+            started = True
+            yield result
+    except GraphQLError as error:
+        if started:
+            raise
+        yield PreExecutionError(data=None, errors=[error])
+    finally:
+        await source.aclose()
+
+
+class TransportWSHandler(BaseGraphQLTransportWSHandler):
+    @staticmethod
+    def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
+        # A document that does not parse is one bad operation, not a broken connection:
+        # answer it with an `error` message, as for a validation error, and keep the
+        # client's other subscriptions (Strawberry would close the socket with 4400).
+        return None
+
+    async def handle_message(self, message: Any) -> None:
+        if not isinstance(message, dict):  # valid JSON, but no message: malformed (4400)
+            await self.handle_invalid_message("a message must be a JSON object")
+            return
+        await super().handle_message(message)
+
+
+LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
+
+
+class LegacyWSHandler(BaseGraphQLWSHandler):
+    async def handle_message(self, message: Any) -> None:
+        # subscriptions-transport-ws answers a message it cannot handle with `error`
+        # (Strawberry ignores an unknown type and fails on a message without its fields).
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind in LEGACY_TYPES:
+            try:
+                await super().handle_message(message)
+                return
+            except (KeyError, TypeError):
+                problem = f"malformed {kind} message"
+        else:
+            problem = f"invalid message type {kind!r}"
+        op = message.get("id") if isinstance(message, dict) else None
+        await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
+                                 "payload": {"message": problem}})
+
+
+class GraphQLWebSocket(GraphQL):
+    graphql_transport_ws_handler_class = TransportWSHandler
+    graphql_ws_handler_class = LegacyWSHandler
+
+    def __init__(self, schema: Any, settings: Settings) -> None:
+        super().__init__(
+            schema,
+            graphql_ide=None,
+            keep_alive=True,  # graphql-ws "ka" messages; graphql-transport-ws has ping/pong
+            keep_alive_interval=settings.gateway_keep_alive_s,
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
+            max_subscriptions_per_connection=settings.gateway_max_subscriptions_per_connection,
+        )
+
+    async def get_context(self, request: Any, response: Any) -> SubscriptionContext:
+        return SubscriptionContext(websocket=response)

@@ -1,0 +1,227 @@
+"""The subscriptions' pure logic: ops relative to a filter, filter normalisation, feed
+cursors, bounded subscriber buffers, the subscriber index, live list coalescing and the
+fan-out's dropping of repeats and other generations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import strawberry
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.testclient import TestClient
+
+from gateway.fanout import Fanout
+from gateway.feed import FeedEvent
+from gateway.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
+from gateway.filters import QueryError, parse_where
+from gateway.live_lists import LiveList
+from gateway.reads import Reads
+from gateway.subscribers import (
+    Overflow,
+    Subscriber,
+    SubscriberIndex,
+    filter_key,
+    relative_op,
+)
+from gateway.websocket import GraphQLWebSocket
+from schema.catalog import graphql_fields
+from schema.demo import CATALOG
+from schema.settings import Settings
+from schema.storage import ChangeEvent
+
+CUSTOMER = CATALOG.view("Customer")
+FIELDS = graphql_fields(CUSTOMER)
+GOLD = parse_where(CUSTOMER, FIELDS, {"tier": {"eq": "gold"}})
+
+
+def _row(tier: str, name: str = "Ada") -> dict:
+    return {"customer_id": "C1", "name": name, "tier": tier, "country": "DE"}
+
+
+def _event(before: dict | None, row: dict | None, version: int = 1, key: str = "C1",
+           generation: int = 0) -> ChangeEvent:
+    op = "delete" if row is None else ("update" if before else "insert")
+    return ChangeEvent("Customer", key, op, row, before, version, generation, 0)
+
+
+@pytest.mark.parametrize(("before", "row", "expected"), [
+    (None, _row("gold"), "INSERT"),
+    (_row("silver"), _row("gold"), "INSERT"),  # starts matching
+    (_row("gold"), _row("gold", "Bo"), "UPDATE"),
+    (_row("gold"), _row("silver"), "DELETE"),  # stops matching
+    (_row("gold"), None, "DELETE"),
+    (_row("silver"), _row("silver", "Bo"), None),  # never seen through the filter
+    (_row("silver"), None, None),
+    (None, None, None),
+])
+def test_ops_are_relative_to_the_filter(before, row, expected):
+    assert relative_op(_event(before, row), GOLD, FIELDS) == expected
+
+
+def test_without_a_filter_the_op_is_the_feeds():
+    assert relative_op(_event(_row("gold"), _row("silver")), [], FIELDS) == "UPDATE"
+    assert relative_op(_event(None, _row("gold")), [], FIELDS) == "INSERT"
+    assert relative_op(_event(_row("gold"), None), [], FIELDS) == "DELETE"
+
+
+def test_the_same_filter_in_any_order_has_one_key():
+    a = parse_where(CUSTOMER, FIELDS, {"tier": {"in": ["gold", "silver"]},
+                                       "country": {"eq": "DE"}})
+    b = parse_where(CUSTOMER, FIELDS, {"country": {"eq": "DE"},
+                                       "tier": {"in": ["silver", "gold"]}})
+    assert filter_key(a) == filter_key(b)
+    assert filter_key(a) != filter_key(GOLD)
+    assert filter_key(a, "country", False, 10) != filter_key(a, "country", True, 10)
+
+
+def test_feed_cursors_round_trip_and_name_their_view():
+    cursor = FeedCursor("Order", 2, 41)
+    text = encode_feed_cursor(cursor)
+    assert decode_feed_cursor(text, "Order") == cursor
+    for bad, view in (("garbage", "Order"), (text[:-3], "Order"), (text, "Customer")):
+        with pytest.raises(QueryError) as error:
+            decode_feed_cursor(bad, view)
+        assert error.value.extensions["code"] == "BAD_CURSOR"
+
+
+def test_a_full_buffer_overflows_once_and_drops_what_waited():
+    async def scenario() -> None:
+        overflowed: list[Subscriber] = []
+        sub = Subscriber(3, overflowed.append)
+        removed: list[bool] = []
+        sub.unregister = lambda: removed.append(True)
+        for i in range(3):
+            sub.put(i)
+        assert await sub.get() == 0
+        sub.put(3)
+        sub.put(4)  # the fourth waiting message
+        sub.put(5)
+        assert overflowed == [sub] and removed == [True] and not sub.queue
+        with pytest.raises(Overflow, match="gateway_subscription_buffer"):
+            await sub.get()
+    asyncio.run(scenario())
+
+
+def test_a_failure_comes_after_the_messages_before_it():
+    async def scenario() -> None:
+        sub = Subscriber(10, lambda _: None)
+        sub.put("a")
+        sub.fail(QueryError("rebuilt", "GENERATION_CHANGED"))
+        sub.put("b")  # after the failure: dropped
+        assert await sub.get() == "a"
+        with pytest.raises(QueryError):
+            await sub.get()
+    asyncio.run(scenario())
+
+
+def test_the_index_finds_key_and_filter_subscribers_and_forgets_them():
+    index = SubscriberIndex({"Customer": FIELDS})
+    by_key, gold_a, gold_b, silver = (Subscriber(10, lambda _: None) for _ in range(4))
+    index.add_key("Customer", "C1", by_key)
+    index.add_filter("Customer", GOLD, gold_a)
+    index.add_filter("Customer", list(GOLD), gold_b)
+    index.add_filter("Customer", parse_where(CUSTOMER, FIELDS, {"tier": {"eq": "silver"}}),
+                     silver)
+    assert len(index.views["Customer"].filters) == 2  # one group per distinct filter
+    demoted = _event(_row("gold"), _row("silver"))
+    assert {(s, op) for s, op in index.targets(demoted)} == {
+        (by_key, "UPDATE"), (gold_a, "DELETE"), (gold_b, "DELETE"), (silver, "INSERT")}
+    other_key = _event(None, _row("bronze"), key="C2")
+    assert list(index.targets(other_key)) == []
+    for sub in (by_key, gold_a, gold_b, silver):
+        sub.unregister()
+    assert index.subscriber_count() == 0
+    assert not index.views["Customer"].filters and not index.views["Customer"].by_key
+
+
+def test_a_live_list_is_evaluated_once_per_burst_and_unchanged_pages_are_not_resent():
+    async def scenario() -> None:
+        pages = iter(["p1", "p1", "p2"])
+        calls: list[int] = []
+
+        async def evaluate() -> tuple[str, str]:
+            calls.append(1)
+            page = next(pages)
+            return page, page
+
+        live = LiveList(GOLD, evaluate, 0.01, lambda: None, lambda _: None)
+        a, b = Subscriber(10, lambda _: None), Subscriber(10, lambda _: None)
+        await live.add(a)
+        await live.add(b)
+        assert len(calls) == 1 and list(a.queue) == list(b.queue) == ["p1"]
+        for _ in range(50):  # a burst
+            live.changed()
+        await asyncio.wait_for(live._task, 5)
+        assert len(calls) == 2 and list(a.queue) == ["p1"]  # same page: not sent again
+        live.changed()
+        await asyncio.wait_for(live._task, 5)
+        assert list(a.queue) == list(b.queue) == ["p1", "p2"]
+    asyncio.run(scenario())
+
+
+def test_the_fanout_drops_repeats_older_versions_and_other_generations():
+    settings = Settings()
+    fanout = Fanout(CATALOG, settings, Reads(CATALOG, settings))
+    fanout.serving = dict.fromkeys(CATALOG.views, 0)
+    sub = Subscriber(100, lambda _: None)
+    fanout.index.add_key("Customer", "C1", sub)
+    events = [_event(None, _row("gold"), 5), _event(None, _row("gold"), 5),
+              _event(_row("gold"), _row("silver"), 4), _event(None, _row("gold"), 6),
+              _event(None, _row("bronze"), 1, generation=-1)]
+    batch = [FeedEvent("Customer", offset, e) for offset, e in enumerate(events)]
+    asyncio.run(fanout.dispatch(batch))
+    assert [(op, item.event.version) for op, item in sub.queue] == [("INSERT", 5),
+                                                                      ("INSERT", 6)]
+    assert fanout.stats.repeats == 2
+
+
+def _tiny_app() -> Starlette:
+    @strawberry.type
+    class Query:
+        ok: bool = True
+
+    @strawberry.type
+    class Subscription:
+        @strawberry.subscription
+        async def echo(self, text: str) -> AsyncIterator[str]:
+            yield text
+
+        @strawberry.subscription
+        async def token(self, info: strawberry.Info) -> AsyncIterator[str]:
+            yield info.context.connection_params["token"]
+
+    schema = strawberry.Schema(query=Query, subscription=Subscription)
+    return Starlette(routes=[WebSocketRoute("/graphql", GraphQLWebSocket(schema, Settings()))])
+
+
+def test_malformed_messages_get_each_protocols_answer():
+    client = TestClient(_tiny_app())
+    with client.websocket_connect("/graphql", subprotocols=["graphql-transport-ws"]) as ws:
+        ws.send_json({"type": "connection_init"})
+        assert ws.receive_json()["type"] == "connection_ack"
+        ws.send_json([1, 2])  # JSON, but not a message
+        assert ws.receive()["code"] == 4400
+    with client.websocket_connect("/graphql", subprotocols=["graphql-ws"]) as ws:
+        ws.send_json({"type": "connection_init"})
+        assert ws.receive_json()["type"] == "connection_ack"
+        assert ws.receive_json()["type"] == "ka"
+        for bad in ({"type": "nonsense", "id": "7"}, {"type": "start", "id": "8"}, [1]):
+            ws.send_json(bad)
+            error = ws.receive_json()
+            assert error["type"] == "error" and "message" in error["payload"], error
+        ws.send_json({"type": "start", "id": "9",
+                      "payload": {"query": 'subscription { echo(text: "still here") }'}})
+        assert ws.receive_json()["payload"] == {"data": {"echo": "still here"}}
+
+
+def test_the_connection_init_payload_reaches_resolvers():
+    with TestClient(_tiny_app()).websocket_connect(
+            "/graphql", subprotocols=["graphql-transport-ws"]) as ws:
+        ws.send_json({"type": "connection_init", "payload": {"token": "secret"}})
+        assert ws.receive_json()["type"] == "connection_ack"
+        ws.send_json({"id": "1", "type": "subscribe",
+                      "payload": {"query": "subscription { token }"}})
+        assert ws.receive_json()["payload"] == {"data": {"token": "secret"}}
