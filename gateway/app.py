@@ -23,7 +23,8 @@ from gateway.fast_http import FastEntry
 from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
 from gateway.limits import schema_extensions
-from gateway.metrics import metrics_endpoint
+from gateway.metrics import SUBSCRIPTIONS, metrics_endpoint
+from gateway.readiness import readyz_endpoint
 from gateway.reads import Reads
 from gateway.startup_check import check_against_delta
 from gateway.subscriptions import Subscriptions
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     redis_client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2)
     reads = Reads(catalog, settings)
     fanout = Fanout(catalog, settings, reads)
+    SUBSCRIPTIONS.set_function(lambda: fanout.report()["subscribers"])
     schema, types = build_schema(settings, redis_client, catalog, reads, fanout)
     fast = FastPath(schema, types, settings) if fast_path else None
     graphql = GraphQLHTTP(schema, reads, catalog, settings, fast)
@@ -124,6 +126,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
             Route("/metrics", metrics_endpoint),
+            Route("/readyz", readyz_endpoint(catalog, settings, redis_client,
+                                             lambda: fanout.feed.ready)),
             *dashboard_routes(settings.gateway_dashboard_dir),
         ],
         lifespan=lifespan,

@@ -122,7 +122,7 @@ class FeedConsumer:
                         self._assign_new(consumer, loop)
                     except KafkaException as exc:
                         log.warning("cannot read the change feed yet: %s", exc)
-                messages = consumer.consume(BATCH_EVENTS, timeout=0.2)
+                messages = _next_messages(consumer)
                 batch = [e for e in (self._event(m) for m in messages) if e is not None]
                 if batch and not self._stop.is_set():
                     asyncio.run_coroutine_threadsafe(self._deliver(batch), loop).result()
@@ -143,3 +143,13 @@ class FeedConsumer:
         # Only once dispatched: a subscriber registering meanwhile was sent these events.
         for item in batch:
             self.positions[item.view] = max(self.positions.get(item.view, 0), item.offset + 1)
+
+
+def _next_messages(consumer: Consumer, wait_s: float = 0.2) -> list:
+    """The next message as soon as it arrives (waiting at most `wait_s`), with whatever
+    else has arrived already. (`consume(n, timeout)` alone waits for n messages or the
+    whole timeout: up to 200 ms more latency for every change.)"""
+    first = consumer.poll(wait_s)
+    if first is None:
+        return []
+    return [first, *consumer.consume(BATCH_EVENTS - 1, timeout=0)]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import strawberry
+from strawberry.dataloader import DataLoader
 
 from gateway.fanout import GENERATION_CHANGED, Fanout, rebuilt_error
 from gateway.feed import FeedEvent
@@ -27,6 +28,7 @@ from gateway.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_curs
 from gateway.filters import Condition, QueryError
 from gateway.freshness import Freshness
 from gateway.live_lists import LiveList
+from gateway.metrics import SLOW_CLIENTS
 from gateway.redis_store import RedisUnavailable
 from gateway.subscribers import Subscriber, filter_key, relative_op
 from gateway.types import (
@@ -88,6 +90,12 @@ class Subscriptions:
         self.changes = {name: change_type(vt) for name, vt in types.items()}
         self._closing: set[asyncio.Task] = set()
         self._messages: OrderedDict[tuple[str, int, int, str], Any] = OrderedDict()
+        # Current values that subscriptions start from, read in batches: thousands of
+        # clients subscribing at once cost a few MGETs, not one read each (which could time
+        # Redis out and send them all to Delta). No cache: each batch reads anew.
+        self._current_values = {
+            name: DataLoader(self._current_loader(vt), cache=False)
+            for name, vt in types.items()}
 
     def fields(self) -> dict[str, tuple[Any, Any]]:
         out: dict[str, tuple[Any, Any]] = {}
@@ -108,6 +116,7 @@ class Subscriptions:
                 return  # closing already (another subscription of the same client)
             context.too_slow = True
             self.fanout.stats.overflows += 1
+            SLOW_CLIENTS.inc()
             reason = f"too slow: over {sub.limit} messages waited (gateway_subscription_buffer)"
             task = asyncio.ensure_future(_close(context.websocket, reason))
             self._closing.add(task)
@@ -164,10 +173,19 @@ class Subscriptions:
         view = vt.view.name
         cursor = encode_feed_cursor(FeedCursor(view, self.fanout.serving.get(view, 0),
                                                self.fanout.position(view) - 1))
-        fresh = Freshness()
-        row = (await self.reads.rows(vt.view, [key], fresh))[0]
-        seen = fresh.latest.get(view)
-        return row, seen.version if seen else None, cursor
+        row, version = await self._current_values[view].load(key)
+        return row, version, cursor
+
+    def _current_loader(self, vt: ViewTypes) -> Any:
+        async def load(keys: list[str]) -> list[tuple[Any, int | None]]:
+            fresh = Freshness()
+            unique = list(dict.fromkeys(keys))
+            rows = dict(zip(unique, await self.reads.rows(vt.view, unique, fresh),
+                            strict=True))
+            seen = fresh.latest.get(vt.view.name)
+            version = seen.version if seen else None
+            return [(rows[k], version) for k in keys]
+        return load
 
     async def _live_value(self, vt: ViewTypes, key: str, sub: Subscriber,
                           current: tuple[Any, int | None, str]) -> AsyncIterator[Any]:

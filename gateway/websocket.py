@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import orjson
 from graphql import GraphQLError
 from strawberry.asgi import GraphQL
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
@@ -17,6 +18,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.execution import PreExecutionError
 
+from gateway.metrics import WEBSOCKETS
 from gateway.subscriptions import SubscriptionContext
 from schema.settings import Settings
 
@@ -87,6 +89,20 @@ class GraphQLWebSocket(GraphQL):
             subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
             max_subscriptions_per_connection=settings.gateway_max_subscriptions_per_connection,
         )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await super().__call__(scope, receive, send)
+            return
+        WEBSOCKETS.inc()
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            WEBSOCKETS.dec()
+
+    def encode_json(self, data: object) -> str:
+        # orjson, as for HTTP answers; text frames, which every client reads.
+        return orjson.dumps(data).decode()
 
     async def get_context(self, request: Any, response: Any) -> SubscriptionContext:
         return SubscriptionContext(websocket=response)

@@ -158,6 +158,11 @@ class Settings(BaseSettings):
         1_000, description="Parsed and validated documents the gateway keeps."
     )
 
+    gateway_ready_max_lag_s: float = Field(
+        60.0,
+        description="/readyz reports a view not ready when source events have waited for it "
+        "longer than this since its last commit.",
+    )
     gateway_subscription_buffer: int = Field(
         1_000,
         description="Messages a subscription may have waiting for a slow client; past it the "

@@ -337,6 +337,13 @@ class ViewMeta:
     progress_at_ms: int = 0  # when Spark last reported on the query
     last_error: str = ""  # why the view's query last stopped with an error, if it did
 
+    def behind(self, topic: str, ends: Mapping[str, int]) -> int:
+        """Events of `topic` past what the last batch covered, given the topic's end
+        offsets (partition -> next offset to be written)."""
+        done = self.offsets.get(topic, {})
+        return sum(max(0, end - int(done.get(partition, 0)))
+                   for partition, end in ends.items())
+
     def to_fields(self) -> dict[str, str]:
         """Every value a string: the Lua script stores them as given."""
         return {

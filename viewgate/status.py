@@ -5,12 +5,13 @@ in Kafka."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import redis
 from rich.table import Table
 
+from gateway.readiness import end_offsets
 from schema.catalog import Catalog
 from schema.settings import Settings
 from schema.storage import ViewMeta, meta_key
@@ -35,39 +36,6 @@ class ViewStatus:
         return asdict(self)
 
 
-def end_offsets(bootstrap: str, topics: Sequence[str],
-                timeout_s: float = 5) -> dict[str, dict[str, int]] | None:
-    """topic -> partition -> the next offset to be written; None if Kafka is unreachable."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "viewgate-status",
-                         "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(timeout=timeout_s)
-        out: dict[str, dict[str, int]] = {}
-        for topic in topics:
-            partitions = metadata.topics.get(topic)
-            if partitions is None or partitions.error is not None:
-                out[topic] = {}
-                continue
-            out[topic] = {
-                str(p): consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                       timeout=timeout_s)[1]
-                for p in partitions.partitions
-            }
-        return out
-    except KafkaException:
-        return None
-    finally:
-        consumer.close()
-
-
-def lag(covered: Mapping[str, Mapping[str, int]], ends: Mapping[str, int], topic: str) -> int:
-    """Events in `topic` past what the view's last batch covered (its next offsets)."""
-    done = covered.get(topic, {})
-    return sum(max(0, end - int(done.get(partition, 0))) for partition, end in ends.items())
-
-
 def collect(settings: Settings, catalog: Catalog) -> list[ViewStatus]:
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
     try:
@@ -85,7 +53,7 @@ def collect(settings: Settings, catalog: Catalog) -> list[ViewStatus]:
         out.append(ViewStatus(
             view=name, generation=meta.generation, version=meta.version,
             committed_at_ms=meta.committed_at_ms, watermark=meta.watermark,
-            lag=None if ends is None else lag(meta.offsets, ends.get(topic, {}), topic),
+            lag=None if ends is None else meta.behind(topic, ends.get(topic, {})),
             input_rate=meta.input_rate, processing_rate=meta.processing_rate,
             batch_ms=meta.batch_ms, late_events=meta.late_events,
             dead_letters=meta.dead_letters, last_error=meta.last_error))

@@ -290,3 +290,17 @@ def test_metrics_count_requests_per_operation_errors_and_redis_reads(gateway_cli
     assert grew("viewgate_gateway_request_duration_seconds_count", operation="Lookup") == 3
     assert grew("viewgate_gateway_errors_total", kind="REQUEST") == 1
     assert grew("viewgate_gateway_redis_rows_total", result="hit") >= 3
+
+
+def test_readyz_checks_redis_the_feed_and_that_views_committed(gateway_client, gateway_shop):
+    answer = gateway_client.get("/readyz").json()
+    assert answer["redis"] == "ok" and answer["changeFeed"] == "ok"
+    assert set(answer["views"]) == set(gateway_shop.catalog.views)
+    assert gateway_client.get("/healthz").status_code == 200
+    # A gateway over a Redis database no engine ever wrote to: no view committed.
+    empty = gateway_shop.settings.model_copy(update={
+        "redis_url": gateway_shop.settings.redis_url.rsplit("/", 1)[0] + "/13"})
+    with TestClient(create_app(empty, gateway_shop.catalog)) as client:
+        response = client.get("/readyz")
+    assert response.status_code == 503
+    assert set(response.json()["views"].values()) == {"never committed"}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from viewgate.status import ViewStatus, lag, render
+from schema.storage import ViewMeta
+from viewgate.status import ViewStatus, render
 
 
 def _row(**changes) -> ViewStatus:
@@ -24,10 +25,10 @@ def _text(table) -> str:
 
 
 def test_lag_counts_events_past_the_last_batch_in_every_partition():
-    covered = {"orders": {"0": 90, "1": 40}}
-    assert lag(covered, {"0": 100, "1": 40, "2": 5}, "orders") == 10 + 0 + 5
-    assert lag({}, {"0": 7}, "orders") == 7  # nothing committed yet
-    assert lag(covered, {"0": 80}, "orders") == 0  # a truncated topic is not negative lag
+    meta = ViewMeta(offsets={"orders": {"0": 90, "1": 40}})
+    assert meta.behind("orders", {"0": 100, "1": 40, "2": 5}) == 10 + 0 + 5
+    assert ViewMeta().behind("orders", {"0": 7}) == 7  # nothing committed yet
+    assert meta.behind("orders", {"0": 80}) == 0  # a truncated topic is not negative lag
 
 
 def test_table_shows_each_view_its_figures_and_last_error():
