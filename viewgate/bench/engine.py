@@ -134,14 +134,16 @@ class _CommitTimings(logging.Handler):
 @contextlib.contextmanager
 def commit_timings() -> Iterator[_CommitTimings]:
     logger = logging.getLogger("viewgate.engine.commit")
-    handler, level = _CommitTimings(), logger.level
+    handler, level, propagate = _CommitTimings(), logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
+    logger.propagate = False  # collected here, not printed: one line per batch
     try:
         yield handler
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def profile(
