@@ -24,6 +24,7 @@ TINY = Sizes(
     gateway_rounds=1,
     gateway_latency_s=1.5,
     gateway_warmup_s=0.3,
+    engine_freshness=True,
     fanout=200,
     fanout_connections=20,
 )

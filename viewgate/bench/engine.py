@@ -519,6 +519,8 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
 
 def run(ctx: BenchContext) -> GroupResult:
     figures, plots = measure_throughput(ctx)
+    if not ctx.sizes.engine_freshness:
+        return GroupResult(figures, plots)
     fresh_figures, fresh_plots = measure_freshness(ctx)
     return GroupResult({**figures, **fresh_figures}, plots + fresh_plots)
 

@@ -38,6 +38,7 @@ from viewgate.bench.runner import BenchContext, BenchError, Group, GroupResult, 
 from viewgate.bench.servers import Server, running
 from viewgate.bench.stats import distribution
 from viewgate.bench.workers import Worker, new_event
+from viewgate.stack.process import pid_alive, wait_until
 
 POINT_QUERY = (
     "query Customer($id: String!) { customer(customerId: $id) { customerId name tier country } }"
@@ -144,16 +145,17 @@ def run_engine(spark: Any, settings: Settings, say: Say = print) -> dict[str, in
     return counts
 
 
-def run_engine_in_child(settings: Settings, produced: Any) -> dict[str, int]:
+def run_engine_in_child(settings: Settings, produced: Any) -> tuple[dict[str, int], int]:
     """run_engine with a SparkSession of this (worker) process, once `produced` is set:
-    its JVM ends with the process."""
+    its JVM ends with the process. Returns the rows per view and the JVM's pid."""
     from engine.spark import build_spark
 
     spark = build_spark(settings, app_name="viewgate-bench-gateway")
+    jvm_pid = spark.sparkContext._gateway.proc.pid
     try:
         if not produced.wait(600):
             raise BenchError("the demo events were not produced within 600 s")
-        return run_engine(spark, settings, say=lambda text: print(text, flush=True))
+        return run_engine(spark, settings, say=lambda text: print(text, flush=True)), jvm_pid
     finally:
         spark.stop()
 
@@ -173,9 +175,13 @@ def load_shop(ctx: BenchContext, settings: Settings) -> dict[str, int]:
     try:
         _produce(settings.kafka_bootstrap, events)
         produced.set()
-        return worker.result(timeout_s=900)
+        counts, jvm_pid = worker.result(timeout_s=900)
     finally:
         worker.stop()
+    # The JVM exits after its Python process: wait, or its shutdown would take CPU from
+    # the first server measured (the baseline) and flatter the ratio.
+    wait_until(lambda: not pid_alive(jvm_pid), timeout_s=60, what="the engine's JVM to exit")
+    return counts
 
 
 def _rows_per_view(settings: Settings, catalog: Catalog) -> dict[str, int]:
