@@ -42,6 +42,16 @@ async def _subscribe(ws: Any, sub_id: str, query: str, variables: Mapping[str, A
                               "payload": {"query": query, "variables": dict(variables)}}))
 
 
+async def _operation_message(ws: Any, raw: str | bytes) -> dict[str, Any] | None:
+    """A `next` or `error` message of a subscription; pings are answered, the rest
+    (pongs, completes) skipped."""
+    message = json.loads(raw)
+    if message["type"] == "ping":
+        await ws.send(json.dumps({"type": "pong"}))
+        return None
+    return message if message["type"] in ("next", "error") else None
+
+
 def _payload(message: dict[str, Any]) -> dict[str, Any]:
     """The data of a `next` message; a GraphQL or protocol error raises."""
     if message["type"] == "error":
@@ -72,11 +82,8 @@ def watch_versions(url: str, subscriptions: Mapping[str, tuple[str, str]], ready
                 except TimeoutError:
                     continue
                 now_ms = time.time() * 1000
-                message = json.loads(raw)
-                if message["type"] == "ping":
-                    await ws.send(json.dumps({"type": "pong"}))
-                    continue
-                if message["type"] not in ("next", "error"):
+                message = await _operation_message(ws, raw)
+                if message is None:
                     continue
                 name = names[int(message["id"])]
                 change = _payload(message)[subscriptions[name][1]]
@@ -119,11 +126,8 @@ def hold_live(url: str, connections: int, per_connection: int, query: str,
                 firsts: set[str] = set()
                 while True:
                     raw = await ws.recv()
-                    message = json.loads(raw)
-                    if message["type"] == "ping":
-                        await ws.send(json.dumps({"type": "pong"}))
-                        continue
-                    if message["type"] not in ("next", "error"):
+                    message = await _operation_message(ws, raw)
+                    if message is None:
                         continue
                     _payload(message)
                     if message["id"] not in firsts:
