@@ -26,7 +26,15 @@ class Rejects:
         self.topic = topic
         self.view = view
         self.key = tuple(key)
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        self.bootstrap = bootstrap
+        self._producer: Producer | None = None  # made on the first rejected row: rare
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self.bootstrap,
+                                       "enable.idempotence": True})
+        return self._producer
 
     def publish(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
                 timeout_s: float = 60) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from engine_process import EngineProcess, delta_rows, in_time_events
 from shop_views import (
     delta_frame,
     expected_customer_stats,
@@ -17,13 +18,14 @@ from shop_views import (
     produce,
     view_mismatches,
 )
-from test_exactly_once import EngineProcess, _delta_rows, _events
 
 from viewgate.stack.kafka import KafkaBroker
 from viewgate.stack.process import free_port, wait_until
 from viewgate.stack.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
+
+PREFIX = "faults"
 
 
 @pytest.fixture
@@ -61,8 +63,8 @@ def test_engine_rides_out_a_kafka_restart_and_a_redis_outage(broker, own_redis, 
     settings = isolated(settings, tmp_path / "data", redis_db=0).model_copy(
         update={"kafka_bootstrap": broker.bootstrap, "redis_url": own_redis.url})
     client = redis.Redis.from_url(settings.redis_url)
-    engine = EngineProcess(settings, tmp_path)
-    customers, orders = _events(1500)
+    engine = EngineProcess(settings, tmp_path, PREFIX)
+    customers, orders = in_time_events(PREFIX, 1500)
     thirds = [orders[: len(orders) // 3], orders[len(orders) // 3: 2 * len(orders) // 3],
               orders[2 * len(orders) // 3:]]
     try:
@@ -71,7 +73,7 @@ def test_engine_rides_out_a_kafka_restart_and_a_redis_outage(broker, own_redis, 
         produce(broker.bootstrap, customers)
         engine.start()
         want_customers = len(expected_customers(customers))
-        wait_until(lambda: _delta_rows(settings, "Customer") == want_customers,
+        wait_until(lambda: delta_rows(settings, "Customer") == want_customers,
                    timeout_s=240, what="the customers to be in Delta")
         produce(broker.bootstrap, thirds[0])
         wait_until(lambda: view_mismatches(client, customers, thirds[0]) == [],

@@ -6,127 +6,35 @@ change feed."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from engine_process import EngineProcess, delta_rows, in_time_events
 from prometheus_client.parser import text_string_to_metric_families
 from shop_views import (
-    Record,
     catalog_on,
     delta_frame,
     expected_customers,
     isolated,
     produce,
     redis_rows,
-    shop_events,
-    ts,
     view_mismatches,
 )
 
 from engine.rebuild import log_range
 from schema.storage import ChangeEvent, ViewMeta, changefeed_topic, delta_table_path, meta_key
-from viewgate.stack.process import free_port, wait_until
+from viewgate.stack.process import wait_until
 
 pytestmark = pytest.mark.integration
 
-HERE = Path(__file__).resolve().parent
 PREFIX = "kill"
 VIEWS = ("Customer", "Order", "CustomerStats", "ProductSales")
-
-
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-class EngineProcess:
-    """`viewgate engine` in a process group of its own, so that one SIGKILL takes the
-    driver and its JVM together, and nothing outlives the test."""
-
-    def __init__(self, settings, log_dir: Path) -> None:
-        self.settings = settings
-        self.env = {
-            **os.environ,
-            "VIEWGATE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "VIEWGATE_REDIS_URL": settings.redis_url,
-            "VIEWGATE_DATA_DIR": str(settings.data_dir),
-            "VIEWGATE_CATALOG": "shop_views:PREFIXED_CATALOG",
-            "SHOP_TOPIC_PREFIX": PREFIX,
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-            "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell",
-            "VIEWGATE_ENGINE_METRICS_PORT": str(free_port()),
-        }
-        self.log_dir = log_dir
-        self.process: subprocess.Popen | None = None
-        self.runs = 0
-
-    def start(self, failpoint: str | None = None) -> None:
-        env = dict(self.env)
-        env.pop("VIEWGATE_FAILPOINT", None)
-        if failpoint:
-            env["VIEWGATE_FAILPOINT"] = failpoint
-        self.runs += 1
-        log = (self.log_dir / f"engine-{self.runs}.log").open("w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "viewgate", "engine"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-
-    def log_tail(self) -> str:
-        return (self.log_dir / f"engine-{self.runs}.log").read_text()[-3000:]
-
-    def wait_killed(self, timeout_s: float = 180) -> None:
-        """The failpoint fired: the process died of SIGKILL (and its group with it)."""
-        assert self.process is not None
-        try:
-            code = self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the failpoint never fired:\n{self.log_tail()}") from None
-        assert code == -signal.SIGKILL, f"engine exited {code}:\n{self.log_tail()}"
-        self._reap()
-
-    def kill(self) -> None:
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(30)
-        self._reap()
-
-    def _reap(self) -> None:
-        assert self.process is not None
-        wait_until(
-            lambda: _group_gone(self.process.pid), timeout_s=60, what="the engine's JVM to exit"
-        )
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(30)
-        if self.process is not None and not _group_gone(self.process.pid):
-            os.killpg(self.process.pid, signal.SIGKILL)
 
 
 def _metric(engine: EngineProcess, name: str, view: str) -> float | None:
@@ -147,35 +55,11 @@ def _metric(engine: EngineProcess, name: str, view: str) -> float | None:
 @pytest.fixture
 def engine(settings, tmp_path) -> Iterator[EngineProcess]:
     settings = isolated(settings, tmp_path / "data", redis_db=3)
-    process = EngineProcess(settings, tmp_path)
+    process = EngineProcess(settings, tmp_path, PREFIX)
     try:
         yield process
     finally:
         process.stop()
-
-
-def _events(count: int) -> tuple[list[Record], list[Record]]:
-    """Customers and orders on the test's topics, without events behind the watermark:
-    whether Spark drops those depends on where batches happen to end (the late-event
-    count is checked in test_engine)."""
-    customers, orders = shop_events(PREFIX, seed=11, count=count)
-    in_time = []
-    newest = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-    for order in orders:
-        if order[2] is not None:
-            event_time = ts(json.loads(order[2])["ts"])
-            if event_time < newest - datetime.timedelta(seconds=20):
-                continue
-            newest = max(newest, event_time)
-        in_time.append(order)
-    return customers, in_time
-
-
-def _delta_rows(settings, view: str) -> int:
-    try:
-        return len(delta_frame(settings, view))
-    except TableNotFoundError:
-        return 0
 
 
 def _covered(client: redis.Redis, bootstrap: str, views: dict[str, str]) -> bool:
@@ -221,7 +105,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     client = redis.Redis.from_url(settings.redis_url)
     catalog = catalog_on(PREFIX)
     source_topic = {v: catalog.source_of(catalog.view(v)).topic for v in VIEWS}
-    customers, orders = _events(3000)
+    customers, orders = in_time_events(PREFIX, 3000)
     size = len(orders) // 5 + 1
     chunks = [orders[i : i + size] for i in range(0, len(orders), size)]
     feed_start = {view: _feed_ends(bootstrap, view) for view in VIEWS}
@@ -232,7 +116,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     engine.start()
     want_customers = len(expected_customers(customers))
     wait_until(
-        lambda: _delta_rows(settings, "Customer") == want_customers,
+        lambda: delta_rows(settings, "Customer") == want_customers,
         timeout_s=180,
         what="the customers to be in Delta",
     )

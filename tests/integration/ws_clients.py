@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import httpx
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
+from viewgate.bench.servers import FACTORIES, settings_env, uvicorn_args
 from viewgate.stack.process import ManagedProcess, free_port, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -29,14 +29,10 @@ class GatewayServer:
         self.port = free_port()
         self.process = ManagedProcess(
             f"gateway-{self.port}",
-            [sys.executable, "-m", "uvicorn", "--factory", "gateway.app:create_app",
-             "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log"],
+            uvicorn_args(FACTORIES["gateway"], self.port),
             log_dir / f"gateway-{self.port}.log",
             env={
-                "VIEWGATE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-                "VIEWGATE_REDIS_URL": settings.redis_url,
-                "VIEWGATE_DATA_DIR": str(settings.data_dir),
-                "VIEWGATE_CHANGEFEED_PREFIX": settings.changefeed_prefix,
+                **settings_env(settings),
                 "VIEWGATE_CATALOG": "shop_views:PREFIXED_CATALOG",
                 "SHOP_TOPIC_PREFIX": prefix,
                 "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),

@@ -367,7 +367,37 @@ def visibility_ms(
     return latencies, unresolved
 
 
-def _wait_started(queries: Sequence[Any], timeout_s: float) -> None:
+def freshness_by_view(
+    deliveries: Sequence[Delivery],
+    view_topics: Mapping[str, str],
+    seen: Mapping[str, Sequence[tuple[int, float]]],
+    offsets: Mapping[str, Mapping[int, Mapping[str, Mapping[str, int]]]],
+    warmup_s: float,
+) -> tuple[dict[str, dict[str, float]], dict[str, list[float]]]:
+    """Per view, the distribution of produced -> seen (ms) over the events after the
+    warm-up, and the samples: (summaries, latencies). The views that count placed orders
+    only count those."""
+    counted_from = min(d[3] for d in deliveries) + warmup_s * 1000
+    by_view: dict[str, dict[str, float]] = {}
+    samples: dict[str, list[float]] = {}
+    for view, topic in view_topics.items():
+        mine = [
+            d
+            for d in deliveries
+            if d[0] == topic and d[3] >= counted_from and (view not in _PLACED_ONLY or d[4])
+        ]
+        latencies, unresolved = visibility_ms(mine, seen[view], offsets[view])
+        if latencies:
+            samples[view] = latencies
+            summary = distribution(latencies)
+            by_view[view] = {
+                **{k: round(v, 1) for k, v in summary.items()},
+                "unresolved": unresolved,
+            }
+    return by_view, samples
+
+
+def wait_started(queries: Sequence[Any], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while any(q.lastProgress is None for q in queries):
         for query in queries:
@@ -379,7 +409,7 @@ def _wait_started(queries: Sequence[Any], timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def _wait_caught_up(
+def wait_caught_up(
     redis_url: str, topics: Mapping[str, str], deliveries: Sequence[Delivery], timeout_s: float
 ) -> list[str]:
     """Wait until each view's recorded offsets cover every delivered event of its topic;
@@ -426,7 +456,7 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
     with commit_timings() as timings:
         queries = start_all(spark, settings, catalog)
         try:
-            _wait_started(queries, _STARTUP_TIMEOUT_S)
+            wait_started(queries, _STARTUP_TIMEOUT_S)
             watcher = Worker(
                 "meta watcher",
                 watch_meta,
@@ -452,7 +482,7 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
             )
             workers.append(producer)
             deliveries: list[Delivery] = producer.result(timeout_s=sizes.freshness_s + 120)
-            behind = _wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
+            behind = wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
             stop.set()
             observed = watcher.result(timeout_s=60)
             live = {(parse_query_name(q.name) or (q.name,))[0]: progress_dicts(q) for q in queries}
@@ -467,25 +497,10 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
     if not deliveries:
         raise BenchError("the producer delivered no events")
 
-    counted_from = min(d[3] for d in deliveries) + sizes.freshness_warmup_s * 1000
-    by_view: dict[str, dict[str, float]] = {}
-    samples: dict[str, list[float]] = {}
-    for view, topic in view_topics.items():
-        mine = [
-            d
-            for d in deliveries
-            if d[0] == topic and d[3] >= counted_from and (view not in _PLACED_ONLY or d[4])
-        ]
-        latencies, unresolved = visibility_ms(
-            mine, observed[view]["seen"], observed[view]["offsets"]
-        )
-        if latencies:
-            samples[view] = latencies
-            summary = distribution(latencies)
-            by_view[view] = {
-                **{k: round(v, 1) for k, v in summary.items()},
-                "unresolved": unresolved,
-            }
+    seen = {view: observed[view]["seen"] for view in view_topics}
+    offsets = {view: observed[view]["offsets"] for view in view_topics}
+    by_view, samples = freshness_by_view(deliveries, view_topics, seen, offsets,
+                                         sizes.freshness_warmup_s)
     if VIEW not in samples:
         raise BenchError(f"no {VIEW} event could be matched to a batch seen in Redis")
     triggers = {name: v.trigger for name, v in catalog.views.items()}

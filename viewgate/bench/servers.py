@@ -55,6 +55,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env = {
         "VIEWGATE_REDIS_URL": settings.redis_url,
         "VIEWGATE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "VIEWGATE_CHANGEFEED_PREFIX": settings.changefeed_prefix,
         "VIEWGATE_DATA_DIR": str(settings.data_dir),
         "VIEWGATE_DELTA_ROOT": settings.delta_location,
     }

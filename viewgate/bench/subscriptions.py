@@ -32,21 +32,19 @@ from schema import demo
 from schema.catalog import Catalog, View
 from schema.settings import Settings
 from viewgate.bench.engine import (
-    _PLACED_ONLY,
     VIEW,
-    _wait_caught_up,
-    _wait_started,
     catalog_on_topics,
     commit_timings,
+    freshness_by_view,
     profile,
     progress_dicts,
-    visibility_ms,
+    wait_caught_up,
+    wait_started,
 )
 from viewgate.bench.gateway import customer_rows
 from viewgate.bench.report import Figure, Plot
 from viewgate.bench.runner import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.servers import running
-from viewgate.bench.stats import distribution
 from viewgate.bench.workers import Worker, new_event, produce_paced, watch_meta
 from viewgate.bench.ws_clients import hold_live, watch_versions
 
@@ -125,7 +123,7 @@ def measure_freshness(ctx: BenchContext, settings: Settings, catalog: Catalog,
                           sizes.freshness_rate, sizes.freshness_s, 9)
         workers.append(producer)
         deliveries = producer.result(timeout_s=sizes.freshness_s + 120)
-        behind = _wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
+        behind = wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
         if behind:
             raise BenchError(f"views {behind} did not catch up within 120 s of the last event")
         # The last versions are in Redis; give their feed messages the same deadline.
@@ -136,17 +134,9 @@ def measure_freshness(ctx: BenchContext, settings: Settings, catalog: Catalog,
         stop.set()
         for worker in workers:
             worker.stop()
-    counted_from = min(d[3] for d in deliveries) + sizes.freshness_warmup_s * 1000
-    by_view: dict[str, dict[str, float]] = {}
-    samples: dict[str, list[float]] = {}
-    for view, topic in view_topics.items():
-        mine = [d for d in deliveries if d[0] == topic and d[3] >= counted_from
-                and (view not in _PLACED_ONLY or d[4])]
-        latencies, unresolved = visibility_ms(mine, received[view], observed[view]["offsets"])
-        if latencies:
-            samples[view] = latencies
-            by_view[view] = {**{k: round(v, 1) for k, v in distribution(latencies).items()},
-                             "unresolved": unresolved}
+    offsets = {view: observed[view]["offsets"] for view in view_topics}
+    by_view, samples = freshness_by_view(deliveries, view_topics, received, offsets,
+                                         sizes.freshness_warmup_s)
     if VIEW not in samples:
         raise BenchError(f"no {VIEW} event could be matched to a message a subscriber got")
     figures = {
@@ -231,7 +221,7 @@ def run(ctx: BenchContext) -> GroupResult:
     with commit_timings() as timings:
         queries = start_all(spark, settings, catalog)
         try:
-            _wait_started(queries, 300)
+            wait_started(queries, 300)
             with running(["gateway"], settings, ctx.workdir / "servers") as servers:
                 gateway = servers["gateway"]
                 fresh, plot = measure_freshness(ctx, settings, catalog, gateway.port)

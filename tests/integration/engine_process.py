@@ -1,0 +1,125 @@
+"""`viewgate engine` as a subprocess for the tests that kill or starve it, and the events
+they feed it."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from deltalake.exceptions import TableNotFoundError
+from shop_views import Record, delta_frame, shop_events, ts
+
+from viewgate.stack.process import free_port, wait_until
+
+HERE = Path(__file__).resolve().parent
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+class EngineProcess:
+    """`viewgate engine` in a process group of its own, so that one SIGKILL takes the
+    driver and its JVM together, and nothing outlives the test."""
+
+    def __init__(self, settings, log_dir: Path, prefix: str) -> None:
+        self.settings = settings
+        self.env = {
+            **os.environ,
+            "VIEWGATE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "VIEWGATE_REDIS_URL": settings.redis_url,
+            "VIEWGATE_DATA_DIR": str(settings.data_dir),
+            "VIEWGATE_CATALOG": "shop_views:PREFIXED_CATALOG",
+            "SHOP_TOPIC_PREFIX": prefix,
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell",
+            "VIEWGATE_ENGINE_METRICS_PORT": str(free_port()),
+        }
+        self.log_dir = log_dir
+        self.process: subprocess.Popen | None = None
+        self.runs = 0
+
+    def start(self, failpoint: str | None = None) -> None:
+        env = dict(self.env)
+        env.pop("VIEWGATE_FAILPOINT", None)
+        if failpoint:
+            env["VIEWGATE_FAILPOINT"] = failpoint
+        self.runs += 1
+        log = (self.log_dir / f"engine-{self.runs}.log").open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "viewgate", "engine"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def log_tail(self) -> str:
+        return (self.log_dir / f"engine-{self.runs}.log").read_text()[-3000:]
+
+    def wait_killed(self, timeout_s: float = 180) -> None:
+        """The failpoint fired: the process died of SIGKILL (and its group with it)."""
+        assert self.process is not None
+        try:
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the failpoint never fired:\n{self.log_tail()}") from None
+        assert code == -signal.SIGKILL, f"engine exited {code}:\n{self.log_tail()}"
+        self._reap()
+
+    def kill(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+        self._reap()
+
+    def _reap(self) -> None:
+        assert self.process is not None
+        wait_until(
+            lambda: _group_gone(self.process.pid), timeout_s=60, what="the engine's JVM to exit"
+        )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(30)
+        if self.process is not None and not _group_gone(self.process.pid):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def in_time_events(prefix: str, count: int) -> tuple[list[Record], list[Record]]:
+    """Customers and orders on `prefix`'s topics, without events behind the watermark:
+    whether Spark drops those depends on where batches happen to end (the late-event
+    count is checked in test_engine)."""
+    customers, orders = shop_events(prefix, seed=11, count=count)
+    in_time = []
+    newest = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+    for order in orders:
+        if order[2] is not None:
+            event_time = ts(json.loads(order[2])["ts"])
+            if event_time < newest - datetime.timedelta(seconds=20):
+                continue
+            newest = max(newest, event_time)
+        in_time.append(order)
+    return customers, in_time
+
+
+def delta_rows(settings, view: str) -> int:
+    try:
+        return len(delta_frame(settings, view))
+    except TableNotFoundError:
+        return 0
