@@ -94,6 +94,12 @@ class ViewCommitter:
         upserts = {key_of(r, self.view.key): dict(r) for r in rows}
         deletes = {key_of(d, self.delete_on) for d in deleted}
         old_rows = self.redis.previous_rows(self.generation, [*upserts, *deletes])
+        missing = [k for k in (*upserts, *deletes) if k not in old_rows]
+        if missing and not self.redis.holds_every_row(self.generation):
+            # Redis lost rows (a flush, a restart without persistence) and the gateway has
+            # not re-warmed them all yet: without their previous values an update would go
+            # out as an insert, and a row leaving a filter would never reach its subscribers.
+            old_rows = {**self.delta.rows(missing), **old_rows}
         events = self._events(batch_id, now_ms, upserts, deletes, old_rows)
         status = self.redis.apply(batch_id, self.generation, upserts, deletes, meta=meta,
                                   old_rows=old_rows, outbox=outbox_value(batch_id, events))

@@ -10,16 +10,18 @@ stream-static joins and by the gateway; both see delta-rs commits like any other
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from schema.catalog import View
+from schema.storage import decode_row, encode_row, key_of, parse_key
 
 DELETED = "_deleted"
 
@@ -61,6 +63,26 @@ class DeltaSink:
         else:
             self._table.update_incremental()
         return self._table
+
+    def rows(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
+        """The stored rows of `keys` (absent ones left out), in Redis's JSON form. Between
+        batches the table holds exactly what the previous batch left: its MERGE is the last
+        step of a commit."""
+        if not keys:
+            return {}
+        data = self._load().to_pyarrow_dataset().to_table()
+        # Filtered after the scan: delta-rs writes strings as string_view, which pyarrow
+        # cannot compare within a scan (see gateway.delta_store); the scan casts them.
+        first = self.view.key[0]
+        values = pa.array(list({parse_key(self.view, k)[0] for k in keys}),
+                          type=data.schema.field(first).type)
+        wanted = set(keys)
+        found = {}
+        for row in data.filter(pc.field(first).isin(values)).to_pylist():
+            key = key_of(row, self.view.key)
+            if key in wanted:
+                found[key] = decode_row(encode_row(row))
+        return found
 
     def merge(
         self,

@@ -13,6 +13,7 @@ from schema.storage import (
     META_LATE_EVENTS,
     ChangeEvent,
     apply_batch_args,
+    complete_field,
     decode_row,
     encode_row,
     generation_field,
@@ -54,6 +55,11 @@ class RedisSink:
             return {}
         stored = self.client.mget([row_key(self.view.name, generation, k) for k in keys])
         return {k: decode_row(v) for k, v in zip(keys, stored, strict=True) if v}
+
+    def holds_every_row(self, generation: int) -> bool:
+        """Whether Redis holds every row of the generation: the first batch or a full
+        re-warm by the gateway marked it so, and a flush or a restart lost the mark."""
+        return bool(self.client.hexists(meta_key(self.view.name), complete_field(generation)))
 
     def apply(
         self,
