@@ -9,11 +9,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from confluent_kafka import Consumer, TopicPartition
 from deltalake.exceptions import TableNotFoundError
-from shop_views import Record, delta_frame, shop_events, ts
+from shop_views import Record, delta_frame, expected_customer_stats, shop_events, ts
 
+from engine.rebuild import log_range
+from schema.storage import ChangeEvent, changefeed_topic
 from viewgate.stack.process import free_port, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -123,3 +127,36 @@ def delta_rows(settings, view: str) -> int:
         return len(delta_frame(settings, view))
     except TableNotFoundError:
         return 0
+
+
+def delta_stats_exact(settings, orders: list[Record]) -> bool:
+    """CustomerStats in Delta holds exactly one count per placed order."""
+    want = expected_customer_stats(orders)
+    got = delta_frame(settings, "CustomerStats").set_index("customer_id")
+    return set(got.index) == set(want.index) and all(
+        got.at[c, "order_count"] == row.order_count for c, row in want.iterrows())
+
+
+def feed_ends(bootstrap: str, view: str) -> dict[int, int]:
+    """Where the view's change feed ends now (partition -> next offset)."""
+    return {p: high for p, (_, high) in log_range(bootstrap, changefeed_topic(view)).items()}
+
+
+def feed_changes(bootstrap: str, view: str,
+                 since: dict[int, int]) -> list[tuple[int, ChangeEvent]]:
+    """The view's change events (offset, event) from the offsets `since` to the end."""
+    topic = changefeed_topic(view)
+    wanted = {p: high - since.get(p, 0) for p, (_, high) in log_range(bootstrap, topic).items()}
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"feed-{view}"})
+    consumer.assign([TopicPartition(topic, p, since.get(p, 0)) for p in wanted])
+    events: list[tuple[int, ChangeEvent]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(events) < sum(wanted.values()) and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                events.append((message.offset(), ChangeEvent.from_bytes(message.value())))
+    finally:
+        consumer.close()
+    assert len(events) == sum(wanted.values()), f"read {len(events)} of {view}'s changes"
+    return events

@@ -9,10 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from engine_process import EngineProcess, delta_rows, in_time_events
+from engine_process import EngineProcess, delta_rows, delta_stats_exact, in_time_events
 from shop_views import (
-    delta_frame,
-    expected_customer_stats,
     expected_customers,
     isolated,
     produce,
@@ -48,14 +46,6 @@ def own_redis(tmp_path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
-
-
-def _delta_stats_exact(settings, orders) -> bool:
-    """CustomerStats in Delta holds exactly one count per placed order."""
-    want = expected_customer_stats(orders)
-    got = delta_frame(settings, "CustomerStats").set_index("customer_id")
-    return set(got.index) == set(want.index) and all(
-        got.at[c, "order_count"] == row.order_count for c, row in want.iterrows())
 
 
 def test_engine_rides_out_a_kafka_restart_and_a_redis_outage(broker, own_redis, settings,
@@ -94,7 +84,7 @@ def test_engine_rides_out_a_kafka_restart_and_a_redis_outage(broker, own_redis, 
         own_redis.start()
         # Redis came back empty: the engine writes what it commits from now on (the gateway
         # re-warms the rest from Delta), and Delta holds every order exactly once.
-        wait_until(lambda: _delta_stats_exact(settings, orders), timeout_s=300,
+        wait_until(lambda: delta_stats_exact(settings, orders), timeout_s=300,
                    what="CustomerStats in Delta to count every placed order once")
         assert client.hget("vg:CustomerStats:meta", "version") is not None
         assert engine.process.poll() is None, f"the engine exited:\n{engine.log_tail()}"

@@ -7,15 +7,19 @@ change feed."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
-from engine_process import EngineProcess, delta_rows, in_time_events
+from engine_process import (
+    EngineProcess,
+    delta_rows,
+    feed_changes,
+    feed_ends,
+    in_time_events,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from shop_views import (
     catalog_on,
@@ -28,7 +32,7 @@ from shop_views import (
 )
 
 from engine.rebuild import log_range
-from schema.storage import ChangeEvent, ViewMeta, changefeed_topic, delta_table_path, meta_key
+from schema.storage import ChangeEvent, ViewMeta, delta_table_path, meta_key
 from viewgate.stack.process import wait_until
 
 pytestmark = pytest.mark.integration
@@ -72,33 +76,6 @@ def _covered(client: redis.Redis, bootstrap: str, views: dict[str, str]) -> bool
     return True
 
 
-def _feed_ends(bootstrap: str, view: str) -> dict[int, int]:
-    """Where the view's change feed ends now; other tests' views share its topic."""
-    ends = {}
-    for partition, (_, high) in log_range(bootstrap, changefeed_topic(view)).items():
-        ends[partition] = high
-    return ends
-
-
-def _changes(bootstrap: str, view: str, since: dict[int, int]) -> list[ChangeEvent]:
-    """The view's change events from the offsets `since` to the end."""
-    topic = changefeed_topic(view)
-    wanted = {p: high - since.get(p, 0) for p, (_, high) in log_range(bootstrap, topic).items()}
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"kill-{view}"})
-    consumer.assign([TopicPartition(topic, p, since.get(p, 0)) for p in wanted])
-    events: list[ChangeEvent] = []
-    try:
-        deadline = time.monotonic() + 60
-        while len(events) < sum(wanted.values()) and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and not message.error():
-                events.append(ChangeEvent.from_bytes(message.value()))
-    finally:
-        consumer.close()
-    assert len(events) == sum(wanted.values()), f"read {len(events)} of {view}'s changes"
-    return events
-
-
 def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     settings = engine.settings
     bootstrap = settings.kafka_bootstrap
@@ -108,7 +85,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     customers, orders = in_time_events(PREFIX, 3000)
     size = len(orders) // 5 + 1
     chunks = [orders[i : i + size] for i in range(0, len(orders), size)]
-    feed_start = {view: _feed_ends(bootstrap, view) for view in VIEWS}
+    feed_start = {view: feed_ends(bootstrap, view) for view in VIEWS}
 
     # Customers first, so every order's enrichment sees its customer's final row. The
     # stream-static join reads Customer's Delta table, the last sink of a commit.
@@ -176,7 +153,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
         # covers), its op follows from both, and the last change is what Redis holds.
         seen: dict[tuple[str, int], ChangeEvent] = {}
         last: dict[str, ChangeEvent] = {}
-        for event in _changes(bootstrap, view, feed_start[view]):
+        for _, event in feed_changes(bootstrap, view, feed_start[view]):
             first = seen.setdefault((event.key, event.version), event)
             assert (first.op, first.row, first.before) == (event.op, event.row, event.before), \
                 f"{view} {event.key}"
