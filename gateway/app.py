@@ -22,8 +22,11 @@ from gateway.fanout import Fanout
 from gateway.fast_http import FastEntry
 from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
+from gateway.limit_entry import LimitEntry
 from gateway.limits import schema_extensions
 from gateway.metrics import SUBSCRIPTIONS, metrics_endpoint
+from gateway.persisted import PersistedQueries
+from gateway.rate_limit import RateLimiter
 from gateway.readiness import readyz_endpoint
 from gateway.reads import Reads
 from gateway.startup_check import check_against_delta
@@ -31,6 +34,7 @@ from gateway.subscriptions import Subscriptions
 from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
 from gateway.types import build_view_types, root_fields
 from gateway.websocket import GraphQLWebSocket, parse_errors_as_results
+from gateway.ws_admission import Admission
 from schema.catalog import Catalog
 from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
@@ -94,7 +98,12 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     SUBSCRIPTIONS.set_function(lambda: fanout.report()["subscribers"])
     schema, types = build_schema(settings, redis_client, catalog, reads, fanout)
     fast = FastPath(schema, types, settings) if fast_path else None
-    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast)
+    persisted = PersistedQueries(settings)
+    limiter = RateLimiter(settings.redis_url, settings.gateway_rate_limit_per_s,
+                          settings.gateway_rate_limit_burst, settings.gateway_redis_timeout_s,
+                          settings.gateway_redis_retry_ms) \
+        if settings.gateway_rate_limit_per_s > 0 else None
+    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast, persisted)
     sdl_text = schema.as_str() + "\n"
 
     async def healthz(_: Request) -> PlainTextResponse:
@@ -116,12 +125,16 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
         yield
         await fanout.stop()
         await reads.close()
+        await persisted.close()
+        if limiter is not None:
+            await limiter.close()
         await redis_client.aclose()
 
     app = Starlette(
         routes=[
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
-            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings)),
+            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings, Admission(
+                settings.gateway_max_subscriptions_per_client, persisted))),
             Route("/subscriptions", subscriptions),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
@@ -132,7 +145,11 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
         ],
         lifespan=lifespan,
         # Compiled queries skip the router (gateway.fast_http); the rest goes through it.
-        middleware=[Middleware(FastEntry, graphql=graphql)] if fast_path else [],
+        # Per-client limits first (gateway.limit_entry), so they hold on every path.
+        middleware=[Middleware(LimitEntry, limiter=limiter,
+                               websockets=settings.gateway_max_websockets_per_client,
+                               address_header=settings.gateway_client_address_header),
+                    *([Middleware(FastEntry, graphql=graphql)] if fast_path else [])],
     )
     app.state.schema = schema
     app.state.reads = reads

@@ -86,6 +86,11 @@ class FastEntry:
         media = negotiate(accept)
         if media is None:
             return False
+        persisted = self.graphql.persisted
+        if persisted is not None:  # a persisted query known in memory, else the general path
+            params = persisted.cached(params)
+            if params is None:
+                return False
         try:
             req = parse_params(params, self.graphql.settings.gateway_max_document_bytes)
         except BadRequest:

@@ -34,6 +34,7 @@ from gateway.filters import QueryError
 from gateway.freshness import parse_min_versions, wait_for_versions
 from gateway.limits import limit_code
 from gateway.metrics import ERRORS, observe_request
+from gateway.persisted import PersistedQueries, PersistedQueryError
 from gateway.types import RequestContext
 from schema.logs import REQUEST_ID
 
@@ -133,8 +134,9 @@ class GraphQLHTTP:
     """The /graphql endpoint."""
 
     def __init__(self, schema: Any, reads: Any, catalog: Any, settings: Any,
-                 fast: FastPath | None) -> None:
+                 fast: FastPath | None, persisted: PersistedQueries | None = None) -> None:
         self.schema = schema
+        self.persisted = persisted
         self.reads = reads
         self.catalog = catalog
         self.settings = settings
@@ -154,10 +156,15 @@ class GraphQLHTTP:
         started = time.perf_counter()
         try:
             params = request.query_params if is_get else await self._params(request)
+            if self.persisted is not None:  # a persisted query's document, by its hash
+                params = await self.persisted.resolve(params)
             graphql_request = parse_params(params, self.settings.gateway_max_document_bytes)
         except BadRequest as exc:
             ERRORS.labels("BAD_REQUEST").inc()
             return request_error(str(exc), media, exc.status)
+        except PersistedQueryError as exc:
+            ERRORS.labels(exc.code).inc()
+            return request_error(str(exc), media, exc.status, exc.code)
         # Log records of this request carry its id; the answer names it too.
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         token = REQUEST_ID.set(request_id)

@@ -20,6 +20,7 @@ from strawberry.types.execution import PreExecutionError
 
 from gateway.metrics import WEBSOCKETS
 from gateway.subscriptions import SubscriptionContext
+from gateway.ws_admission import Admission
 from schema.settings import Settings
 
 
@@ -54,6 +55,22 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler):
             return
         await super().handle_message(message)
 
+    async def handle_subscribe(self, message: Any) -> None:
+        # Persisted queries and the client's subscription limit (gateway.ws_admission).
+        op = message["id"]
+        if not self.connection_acknowledged or op in self.operations:
+            await super().handle_subscribe(message)  # Strawberry closes the socket
+            return
+        error = await self.view.admission.admit(self.context, message.get("payload"))
+        if error is not None:
+            await self.send_message({"id": op, "type": "error", "payload": [error.formatted]})
+            return
+        try:
+            await super().handle_subscribe(message)
+        finally:
+            operation = self.operations.get(op)
+            self.view.admission.started(self.context, operation.task if operation else None)
+
 
 LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
 
@@ -75,12 +92,32 @@ class LegacyWSHandler(BaseGraphQLWSHandler):
         await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
                                  "payload": {"message": problem}})
 
+    async def handle_start(self, message: Any) -> None:
+        # Persisted queries and the client's subscription limit (gateway.ws_admission).
+        op = message["id"]
+        if not self.connection_acknowledged:
+            await super().handle_start(message)  # Strawberry closes the socket
+            return
+        if op in self.tasks:
+            await self.cleanup_operation(op)  # a restarted id gives its subscription back
+        error = await self.view.admission.admit(self.context, message.get("payload"))
+        if error is not None:
+            await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
+                                     "payload": error.formatted})
+            return
+        try:
+            await super().handle_start(message)
+        finally:
+            self.view.admission.started(self.context, self.tasks.get(op))
+
 
 class GraphQLWebSocket(GraphQL):
     graphql_transport_ws_handler_class = TransportWSHandler
     graphql_ws_handler_class = LegacyWSHandler
 
-    def __init__(self, schema: Any, settings: Settings) -> None:
+    def __init__(self, schema: Any, settings: Settings, admission: Admission | None = None
+                 ) -> None:
+        self.admission = admission or Admission(0, None)
         super().__init__(
             schema,
             graphql_ide=None,

@@ -181,6 +181,48 @@ class Settings(BaseSettings):
         description="Interval of the graphql-ws keep-alive ('ka') messages.",
     )
 
+    # Rate limits (gateway.rate_limit, gateway.client_limits); 0 turns each off.
+    gateway_rate_limit_per_s: float = Field(
+        0.0,
+        description="Requests per second each client may send to /graphql over HTTP (a token "
+        "bucket in Redis, per bearer token or else per client address); 0 turns it off.",
+    )
+    gateway_rate_limit_burst: int = Field(
+        100, description="Requests a client may send at once before the rate applies."
+    )
+    gateway_client_address_header: str | None = Field(
+        None,
+        description="A header set by a trusted proxy naming the client's address (e.g. "
+        "X-Forwarded-For; its last address counts); default: the connection's address.",
+    )
+    gateway_max_websockets_per_client: int = Field(
+        0, description="Most open websocket connections per client in one gateway process; "
+        "0 is no limit."
+    )
+    gateway_max_subscriptions_per_client: int = Field(
+        0, description="Most subscriptions per client across its websocket connections, in "
+        "one gateway process; 0 is no limit."
+    )
+
+    # Persisted queries (gateway.persisted): Apollo's automatic persisted queries.
+    gateway_persisted_only: bool = Field(
+        False,
+        description="Accept only documents registered by the operator (the manifest or "
+        "`viewgate persist`); clients may not register new ones.",
+    )
+    gateway_persisted_manifest: Path | None = Field(
+        None, description="An Apollo persisted-query manifest whose operations the gateway "
+        "serves (loaded at start-up)."
+    )
+    gateway_persisted_cache_size: int = Field(
+        10_000, description="Persisted documents the gateway keeps in memory (LRU) in front "
+        "of Redis."
+    )
+    gateway_apq_ttl_s: int = Field(
+        7 * 24 * 3600, description="How long Redis keeps a document a client registered "
+        "(automatic persisted queries); operator-registered documents do not expire."
+    )
+
     # The local development stack (`viewgate up`, `viewgate kafka|redis start`).
     local_kafka_port: int = Field(9092, description="Port of the local Kafka broker.")
     local_redis_port: int = Field(6379, description="Port of the local Redis server.")

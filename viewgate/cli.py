@@ -215,6 +215,24 @@ def produce(
     console.print(f"produced {sent} events")
 
 
+@app.command()
+def persist(
+    manifest: str = typer.Argument(..., help="An Apollo persisted-query manifest (JSON)."),
+) -> None:
+    """Register a manifest's documents in Redis, for persisted queries (and the only ones
+    run in persisted-only mode); every gateway on that Redis serves them by hash."""
+    from redis.exceptions import RedisError
+
+    from gateway.persisted import ManifestError, load_manifest, store_documents
+
+    try:
+        documents = load_manifest(Path(manifest))
+        store_documents(get_settings().redis_url, documents)
+    except (ManifestError, RedisError) as error:
+        _fail(error)
+    console.print(f"registered {len(documents)} persisted documents from {manifest}")
+
+
 def _service_dir(settings: Settings, name: str, data_dir: Path | None) -> Path:
     return (data_dir or settings.data_dir / name).resolve()
 
