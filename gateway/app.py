@@ -99,10 +99,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     schema, types = build_schema(settings, redis_client, catalog, reads, fanout)
     fast = FastPath(schema, types, settings) if fast_path else None
     persisted = PersistedQueries(settings)
-    limiter = RateLimiter(settings.redis_url, settings.gateway_rate_limit_per_s,
-                          settings.gateway_rate_limit_burst, settings.gateway_redis_timeout_s,
-                          settings.gateway_redis_retry_ms) \
-        if settings.gateway_rate_limit_per_s > 0 else None
+    limiter = RateLimiter.from_settings(settings)
     graphql = GraphQLHTTP(schema, reads, catalog, settings, fast, persisted)
     sdl_text = schema.as_str() + "\n"
 

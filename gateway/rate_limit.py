@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
@@ -79,6 +80,15 @@ class RateLimiter:
         self.retry_s = retry_ms / 1000
         self._down_until = 0.0
         self._down = False  # whether the outage was logged
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> RateLimiter | None:
+        """The limiter the settings ask for; None when rate limits are off."""
+        if settings.gateway_rate_limit_per_s <= 0:
+            return None
+        return cls(settings.redis_url, settings.gateway_rate_limit_per_s,
+                   settings.gateway_rate_limit_burst, settings.gateway_redis_timeout_s,
+                   settings.gateway_redis_retry_ms)
 
     async def close(self) -> None:
         await self.client.aclose()
