@@ -1,6 +1,7 @@
 """Per-client rate limits against the real gateway and Redis: 429 with Retry-After after
 the burst and a request through again after it, on the general and the compiled path,
-separate buckets per token and per address, failing open when Redis is down; and limits on
+separate buckets per token and per address, failing open while Redis is down and limiting
+again once it is back; and limits on
 a client's open websockets and subscriptions (a real uvicorn gateway, both protocols)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from websockets.exceptions import InvalidStatus
 from ws_clients import GatewayServer, LegacyWS, TransportWS
 
 from gateway.app import create_app
-from viewgate.stack.process import free_port
+from viewgate.stack.process import free_port, wait_until
 from viewgate.stack.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -128,6 +129,18 @@ def test_the_limiter_fails_open_when_redis_is_down(gateway_shop, tmp_path):
                 assert answer.status_code == 200, answer.text
                 assert answer.json()["data"]["customer"]["customerId"] == body["variables"]["id"]
             assert _sample("viewgate_gateway_rate_limit_unavailable_total") == before + 3
+            # Redis back (empty, a fresh bucket): once the gateway asks it again, the limit
+            # holds again.
+            redis.start()
+            statuses: list[int] = []
+
+            def limited_again() -> bool:
+                statuses.append(client.post("/graphql", json=body,
+                                            headers=headers).status_code)
+                return statuses[-1] == 429
+            wait_until(limited_again, timeout_s=60, interval_s=0.2,
+                       what="the rate limit to apply again after Redis came back")
+            assert set(statuses) <= {200, 429}
     finally:
         redis.stop()
 

@@ -4,6 +4,7 @@ manifest, and what the lean entry can answer from memory."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 
@@ -130,3 +131,46 @@ def test_the_lean_entry_answers_from_memory_or_leaves_it_to_the_general_path():
     assert only.cached(plain) is plain  # the text of a registered document
     assert only.cached({"query": "{ system { redis } }"}) is None  # refused by the general path
     assert only.cached({"extensions": ext})["query"] == DOC
+
+
+def _refused_handshake(extensions: dict) -> list[dict]:
+    """What a second websocket of one client is sent while its first is open (limit 1)."""
+    from gateway.limit_entry import LimitEntry
+
+    async def scenario() -> list[dict]:
+        opened, release = asyncio.Event(), asyncio.Event()
+
+        async def app(scope, receive, send) -> None:
+            opened.set()
+            await release.wait()
+
+        entry = LimitEntry(app, limiter=None, websockets=1, address_header=None)
+        scope = {"type": "websocket", "path": "/graphql", "client": ("10.0.0.1", 1),
+                 "headers": [], "extensions": extensions}
+        first = asyncio.create_task(entry(dict(scope), None, None))
+        await opened.wait()
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "websocket.connect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+        await entry(dict(scope), receive, send)
+        release.set()
+        await first
+        assert entry.websockets.held == {}  # the first gave its slot back when it ended
+        return sent
+    return asyncio.run(scenario())
+
+
+def test_a_websocket_past_the_limit_is_refused_with_429_or_else_closed_with_4029():
+    start, body = _refused_handshake({"websocket.http.response": {}})
+    assert start["type"] == "websocket.http.response.start" and start["status"] == 429
+    error = json.loads(body["body"])["errors"][0]
+    assert error["extensions"]["code"] == "LIMIT_WEBSOCKETS"
+    assert "gateway_max_websockets_per_client" in error["message"]
+    # A server without the denial-response extension: closed before it is accepted.
+    (close,) = _refused_handshake({})
+    assert close["type"] == "websocket.close" and close["code"] == 4029
+    assert "gateway_max_websockets_per_client" in close["reason"]
