@@ -56,9 +56,14 @@ def gateway() -> None:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.persisted import ManifestError
 
     settings = get_settings()
-    uvicorn.run(create_app(settings), host=settings.gateway_host, port=settings.gateway_port)
+    try:
+        app = create_app(settings)
+    except ManifestError as error:  # VIEWGATE_GATEWAY_PERSISTED_MANIFEST cannot be used
+        _fail(error)
+    uvicorn.run(app, host=settings.gateway_host, port=settings.gateway_port)
 
 
 CatalogOption = typer.Option(
