@@ -13,10 +13,12 @@ from graphql import GraphQLError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from strawberry.types import ExecutionContext
 
+from gateway.access import Access, unauthorized
+from gateway.auth import Unauthenticated
 from gateway.dashboard_page import dashboard_routes
 from gateway.fanout import Fanout
 from gateway.fast_http import FastEntry
@@ -52,7 +54,10 @@ class GatewaySchema(strawberry.Schema):
 
 
 def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Catalog,
-                 reads: Reads, fanout: Fanout | None = None) -> tuple[strawberry.Schema, dict]:
+                 reads: Reads, fanout: Fanout | None = None,
+                 admin: bool = True) -> tuple[strawberry.Schema, dict]:
+    """The schema of `catalog` (a role's, see gateway.role_schemas); `system` (service
+    addresses) only for the admin role."""
     types = build_view_types(catalog, reads, settings)
     annotations: dict[str, object] = {"system": SystemStatus, "views": list[ViewStatus]}
     attrs: dict[str, object] = {
@@ -63,6 +68,8 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
             resolver=views_resolver(catalog, redis_client),
             description="Each view's last commit as the engine recorded it."),
     }
+    if not admin:
+        del annotations["system"], attrs["system"]
     for name, (annotation, field) in root_fields(types, settings).items():
         if name in attrs:
             raise CatalogError([Problem(name, None, f"its query field {name} clashes with a "
@@ -94,14 +101,22 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     SUBSCRIPTIONS.set_function(lambda: fanout.report()["subscribers"])
     schema, types = build_schema(settings, redis_client, catalog, reads, fanout)
     fast = FastPath(schema, types, settings) if fast_path else None
-    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast)
-    sdl_text = schema.as_str() + "\n"
+    access = Access(settings, catalog, reads.fields, schema, lambda role_catalog, admin:
+                    build_schema(settings, redis_client, role_catalog, reads, fanout, admin)[0])
+    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast, access)
 
     async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    async def sdl(_: Request) -> PlainTextResponse:
-        return PlainTextResponse(sdl_text, media_type="application/graphql")
+    async def sdl(request: Request) -> Response:
+        if not settings.gateway_introspection:
+            return PlainTextResponse("introspection is turned off (gateway_introspection)",
+                                     status_code=404)
+        try:
+            principal = await access.principal(request.headers)
+        except Unauthenticated as exc:
+            return unauthorized(exc, "application/json")
+        return PlainTextResponse(access.sdl(principal), media_type="application/graphql")
 
     async def subscriptions(_: Request) -> JSONResponse:
         return JSONResponse(fanout.report())
@@ -121,7 +136,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     app = Starlette(
         routes=[
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
-            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings)),
+            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings, access)),
             Route("/subscriptions", subscriptions),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
@@ -138,4 +153,5 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     app.state.reads = reads
     app.state.fast = fast
     app.state.fanout = fanout
+    app.state.access = access
     return app
