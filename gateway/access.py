@@ -32,7 +32,7 @@ class Access:
                  build: Callable[[Catalog, bool], Any]) -> None:
         self.auth = Authenticator(settings, catalog, fields)
         roles = granted_roles(catalog)
-        if settings.auth_anonymous_role is not None:
+        if settings.auth_anonymous_role:
             roles.add(settings.auth_anonymous_role)
         self.schemas = RoleSchemas(catalog, settings.auth_admin_role, admin_schema, roles, build)
         self.introspection = settings.gateway_introspection

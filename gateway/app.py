@@ -79,8 +79,8 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
     attrs["__annotations__"] = annotations
     query = strawberry.type(type("Query", (), attrs))
     subscription = None
-    if fanout is not None:
-        fields = Subscriptions(types, fanout, settings).fields()
+    fields = Subscriptions(types, fanout, settings).fields() if fanout is not None else {}
+    if fields:  # a role granted no view has no subscriptions
         subscription = strawberry.type(type("Subscription", (), {
             "__annotations__": {name: annotation for name, (annotation, _) in fields.items()},
             **{name: field for name, (_, field) in fields.items()}}))

@@ -56,7 +56,7 @@ class Authenticator:
         self.fields = fields
         self.verifier = TokenVerifier(settings)
         self.admin_role = settings.auth_admin_role
-        self.anonymous_role = settings.auth_anonymous_role
+        self.anonymous_role = settings.auth_anonymous_role or None  # "" is unset too
         self.role_claim = settings.auth_role_claim
 
     def principal_for(self, role: str, claims: Mapping[str, Any]) -> Principal:

@@ -76,7 +76,7 @@ def typed_claim(info: FieldInfo, claim: str, value: Any, role: str) -> Any:
         return str(value)
     try:
         return from_json_value(info.python_type, value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, ArithmeticError):
         raise ClaimError(f"the claim {claim!r} ({value!r}) does not fit field "
                          f"{info.graphql_name}") from None
 
