@@ -9,6 +9,9 @@ the first. A request without a token gets `auth_anonymous_role`, or 401 when non
 
 from __future__ import annotations
 
+import math
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +26,7 @@ from schema.settings import Settings
 
 ROLE_HEADER = "x-viewgate-role"
 TOKEN_PARAMS = ("Authorization", "authorization", "authToken")
+KNOWN_TOKENS = 10_000  # verified tokens remembered until their `exp`
 
 
 class Unauthenticated(Exception):
@@ -58,6 +62,10 @@ class Authenticator:
         self.admin_role = settings.auth_admin_role
         self.anonymous_role = settings.auth_anonymous_role or None  # "" is unset too
         self.role_claim = settings.auth_role_claim
+        # A client sends the same token with every request: its signature is checked once,
+        # then the principal is reused until the token expires (bounded, oldest out).
+        self._known: OrderedDict[tuple[str, str | None], tuple[Principal, float]] = \
+            OrderedDict()
 
     def principal_for(self, role: str, claims: Mapping[str, Any]) -> Principal:
         if role == self.admin_role:
@@ -77,11 +85,20 @@ class Authenticator:
         if not self.verifier.configured:
             raise Unauthenticated("this gateway accepts no tokens (no auth_jwt_secret or "
                                   "auth_jwks configured)")
+        known = self._known.get((token, chosen_role))
+        if known is not None and time.time() < known[1]:
+            return known[0]
         try:
             claims = await self.verifier.verify_async(token)
         except TokenError as exc:
             raise Unauthenticated(str(exc)) from None
-        return self.principal_for(self._role(claims, chosen_role), claims)
+        principal = self.principal_for(self._role(claims, chosen_role), claims)
+        exp = claims.get("exp")
+        expires = float(exp) if isinstance(exp, int | float) else math.inf
+        self._known[(token, chosen_role)] = (principal, expires)
+        if len(self._known) > KNOWN_TOKENS:
+            self._known.popitem(last=False)
+        return principal
 
     def _role(self, claims: Mapping[str, Any], chosen: str | None) -> str:
         value = claim_value(claims, self.role_claim)

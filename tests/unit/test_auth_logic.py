@@ -215,3 +215,21 @@ def test_a_role_catalog_leaves_out_ungranted_views_hidden_fields_and_their_index
     # Relationships to views the role may not see are left out.
     only_orders = restrict_catalog(_with_grants("Customer", ()), "customer")
     assert only_orders.views["Order"].relationships == ()
+
+
+def test_a_verified_token_is_reused_until_it_expires(monkeypatch):
+    auth = authenticator()
+    calls = []
+    verify = auth.verifier.verify
+    monkeypatch.setattr(auth.verifier, "verify", lambda t: calls.append(t) or verify(t))
+    soon = int(time.time()) + 2
+    header = f"Bearer {hs256({'role': 'analyst', 'exp': soon})}"
+    for _ in range(3):
+        assert asyncio.run(auth.from_headers(header, None)).role == "analyst"
+    assert len(calls) == 1
+    # Past its exp the token is checked again, and refused.
+    deadline = time.monotonic() + 10
+    while time.time() < soon + 0.05 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(Unauthenticated, match="expired"):
+        asyncio.run(auth.from_headers(header, None))
