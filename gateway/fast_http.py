@@ -3,9 +3,10 @@ compiled plan (gateway.fastpath): the hot path skips Starlette's routing, Reques
 Response objects and sends the plan's bytes itself.
 
 It answers only when the request is plainly valid (POST with a JSON object body or GET
-with a `query` parameter, an acceptable media type, no `minVersion`) and the plan ran; for
-anything else it hands the request, with the body it already read, to the router, so
-every status code, media type and error stays the general path's (gateway.http).
+with a `query` parameter, an acceptable media type, no `minVersion`, a caller of the admin
+role: gateway.access) and the plan ran; for anything else (a bad token too) it hands the
+request, with the body it already read, to the router, so every status code, media type
+and error stays the general path's (gateway.http).
 """
 
 from __future__ import annotations
