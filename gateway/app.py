@@ -26,8 +26,9 @@ from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
 from gateway.limits import schema_extensions
 from gateway.metrics import SUBSCRIPTIONS, metrics_endpoint
-from gateway.readiness import readyz_endpoint
+from gateway.readiness import EndOffsets, readyz_endpoint
 from gateway.reads import Reads
+from gateway.shared_results import SharedResultsExecutor
 from gateway.startup_check import check_against_delta
 from gateway.subscriptions import Subscriptions
 from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
@@ -85,7 +86,8 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
             "__annotations__": {name: annotation for name, (annotation, _) in fields.items()},
             **{name: field for name, (_, field) in fields.items()}}))
     schema = GatewaySchema(query=query, subscription=subscription,
-                           extensions=schema_extensions(settings))
+                           extensions=schema_extensions(settings),
+                           execution_context_class=SharedResultsExecutor)
     return schema, types
 
 
@@ -104,6 +106,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     access = Access(settings, catalog, reads.fields, schema, lambda role_catalog, admin:
                     build_schema(settings, redis_client, role_catalog, reads, fanout, admin)[0])
     graphql = GraphQLHTTP(schema, reads, catalog, settings, fast, access)
+    source_offsets = EndOffsets(settings.kafka_bootstrap,
+                                sorted({s.topic for s in catalog.sources.values()}))
 
     async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
@@ -130,6 +134,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
         await fanout.start()  # the change feed is assigned before the first subscriber
         yield
         await fanout.stop()
+        source_offsets.close()
         await reads.close()
         await redis_client.aclose()
 
@@ -142,7 +147,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
             Route("/schema.graphql", sdl),
             Route("/metrics", metrics_endpoint),
             Route("/readyz", readyz_endpoint(catalog, settings, redis_client,
-                                             lambda: fanout.feed.ready)),
+                                             lambda: fanout.feed.ready, source_offsets)),
             *dashboard_routes(settings.gateway_dashboard_dir),
         ],
         lifespan=lifespan,

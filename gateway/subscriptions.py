@@ -31,6 +31,7 @@ from gateway.live_lists import LiveList
 from gateway.metrics import SLOW_CLIENTS
 from gateway.redis_store import RedisUnavailable
 from gateway.row_rules import RowScope, allows, scoped, seen_change
+from gateway.shared_results import shared
 from gateway.subscribers import Subscriber, filter_key, relative_op
 from gateway.types import (
     RequestContext,
@@ -65,13 +66,15 @@ class SubscriptionContext:
 
     websocket: Any
     connection_params: dict[str, Any] | None = None
+    # What besides document and variables can make two subscribers' results differ
+    # (gateway.shared_results shares executions only within one scope): set from the
+    # connection_init token (gateway.websocket) to the role and the claim values its row
+    # rules read; None: the admin role.
+    share_scope: Any = None
     too_slow: bool = False  # a subscription overflowed: the websocket is being closed
-    # Set from the connection_init token (gateway.websocket): the role's schema, its row
-    # rules (None: admin, no rules) and what makes two subscribers' results differ (the
-    # role and the claim values its rules read; None: admin).
+    # Also from the token: the role's schema and its row rules (None: admin, no rules).
     schema: Any = None
     scope: RowScope | None = None
-    share_scope: Any = None
 
 
 def changefeed_name(vt: ViewTypes) -> str:
@@ -144,14 +147,14 @@ class Subscriptions:
         message = self._messages.get(slot)
         if message is None:
             event = item.event
-            message = self._messages[slot] = self.changes[vt.view.name](
+            message = self._messages[slot] = shared(self.changes[vt.view.name](
                 op=ChangeOp(op), key=event.key, version=event.version,
                 cursor=encode_feed_cursor(FeedCursor(vt.view.name, event.generation,
                                                      item.offset)),
                 row=vt.to_object(event.row) if event.row is not None and show_row else None,
                 before=vt.to_object(event.before) if event.before is not None and show_before
                 else None,
-                committed_at_ms=event.committed_at_ms)
+                committed_at_ms=event.committed_at_ms))
             if len(self._messages) > MESSAGE_CACHE:
                 self._messages.popitem(last=False)
         return message
@@ -371,7 +374,7 @@ class Subscriptions:
 
         async def evaluate() -> tuple[Any, Any]:
             context = RequestContext(self.reads, self.reads.catalog, scope=scope)
-            page = await list_page(vt, self.settings, context, kwargs)
+            page = shared(await list_page(vt, self.settings, context, kwargs))
             info = page.page_info
             # What a client can see of the page: its rows, cursors, counts and flags.
             snapshot = ([(e.cursor, [getattr(e.node, f) for f in vt.fields]) for e in page.edges],
