@@ -13,10 +13,12 @@ from graphql import GraphQLError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from strawberry.types import ExecutionContext
 
+from gateway.access import Access, unauthorized
+from gateway.auth import Unauthenticated
 from gateway.dashboard_page import dashboard_routes
 from gateway.fanout import Fanout
 from gateway.fast_http import FastEntry
@@ -57,7 +59,10 @@ class GatewaySchema(strawberry.Schema):
 
 
 def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Catalog,
-                 reads: Reads, fanout: Fanout | None = None) -> tuple[strawberry.Schema, dict]:
+                 reads: Reads, fanout: Fanout | None = None,
+                 admin: bool = True) -> tuple[strawberry.Schema, dict]:
+    """The schema of `catalog` (a role's, see gateway.role_schemas); `system` (service
+    addresses) only for the admin role."""
     types = build_view_types(catalog, reads, settings)
     annotations: dict[str, object] = {"system": SystemStatus, "views": list[ViewStatus]}
     attrs: dict[str, object] = {
@@ -68,6 +73,8 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
             resolver=views_resolver(catalog, redis_client),
             description="Each view's last commit as the engine recorded it."),
     }
+    if not admin:
+        del annotations["system"], attrs["system"]
     for name, (annotation, field) in root_fields(types, settings).items():
         if name in attrs:
             raise CatalogError([Problem(name, None, f"its query field {name} clashes with a "
@@ -77,8 +84,8 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
     attrs["__annotations__"] = annotations
     query = strawberry.type(type("Query", (), attrs))
     subscription = None
-    if fanout is not None:
-        fields = Subscriptions(types, fanout, settings).fields()
+    fields = Subscriptions(types, fanout, settings).fields() if fanout is not None else {}
+    if fields:  # a role granted no view has no subscriptions
         subscription = strawberry.type(type("Subscription", (), {
             "__annotations__": {name: annotation for name, (annotation, _) in fields.items()},
             **{name: field for name, (_, field) in fields.items()}}))
@@ -102,16 +109,24 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     fast = FastPath(schema, types, settings) if fast_path else None
     persisted = PersistedQueries(settings)
     limiter = RateLimiter.from_settings(settings)
-    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast, persisted)
-    sdl_text = schema.as_str() + "\n"
+    access = Access(settings, catalog, reads.fields, schema, lambda role_catalog, admin:
+                    build_schema(settings, redis_client, role_catalog, reads, fanout, admin)[0])
+    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast, access, persisted)
     source_offsets = EndOffsets(settings.kafka_bootstrap,
                                 sorted({s.topic for s in catalog.sources.values()}))
 
     async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    async def sdl(_: Request) -> PlainTextResponse:
-        return PlainTextResponse(sdl_text, media_type="application/graphql")
+    async def sdl(request: Request) -> Response:
+        if not settings.gateway_introspection:
+            return PlainTextResponse("introspection is turned off (gateway_introspection)",
+                                     status_code=404)
+        try:
+            principal = await access.principal(request.headers)
+        except Unauthenticated as exc:
+            return unauthorized(exc, "application/json")
+        return PlainTextResponse(access.sdl(principal), media_type="application/graphql")
 
     async def subscriptions(_: Request) -> JSONResponse:
         return JSONResponse(fanout.report())
@@ -135,7 +150,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     app = Starlette(
         routes=[
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
-            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings, Admission(
+            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings, access, Admission(
                 settings.gateway_max_subscriptions_per_client, persisted))),
             Route("/subscriptions", subscriptions),
             Route("/healthz", healthz),
@@ -157,4 +172,5 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     app.state.reads = reads
     app.state.fast = fast
     app.state.fanout = fanout
+    app.state.access = access
     return app

@@ -1,7 +1,10 @@
 """GraphQL over websockets on /graphql: Strawberry's own handlers of both protocols,
 `graphql-transport-ws` (graphql-ws, the current one) and the legacy `graphql-ws`
 (subscriptions-transport-ws), with keep-alive. Each connection's context carries its
-websocket (to close a slow client) and the `connection_init` payload."""
+websocket (to close a slow client) and the `connection_init` payload, whose token picks
+the connection's role: its schema and row rules (gateway.access). A bad token closes a
+`graphql-transport-ws` connection with 4403 and the reason; the legacy protocol answers
+`connection_error` with it."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 import orjson
 from graphql import GraphQLError
 from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
@@ -18,6 +22,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.execution import PreExecutionError
 
+from gateway.auth import Unauthenticated
 from gateway.metrics import WEBSOCKETS
 from gateway.subscriptions import SubscriptionContext
 from gateway.ws_admission import Admission
@@ -48,6 +53,22 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler):
         # answer it with an `error` message, as for a validation error, and keep the
         # client's other subscriptions (Strawberry would close the socket with 4400).
         return None
+
+    async def handle_connection_init(self, message: Any) -> None:
+        payload = message.get("payload") or {}
+        if isinstance(payload, dict) and not self.connection_init_received \
+                and not self.connection_timed_out:
+            # Strawberry closes a rejected connection with the bare reason "Forbidden".
+            reason = await self.view.rejection(payload)
+            if reason is not None:
+                self.connection_init_received = True
+                if self.connection_init_timeout_task:
+                    self.connection_init_timeout_task.cancel()
+                await self.websocket.close(code=4403, reason=close_reason(reason))
+                return
+        await super().handle_connection_init(message)
+        if self.connection_acknowledged and self.context.schema is not None:
+            self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
 
     async def handle_message(self, message: Any) -> None:
         if not isinstance(message, dict):  # valid JSON, but no message: malformed (4400)
@@ -83,6 +104,9 @@ class LegacyWSHandler(BaseGraphQLWSHandler):
         if kind in LEGACY_TYPES:
             try:
                 await super().handle_message(message)
+                if kind == "connection_init" and self.connection_acknowledged \
+                        and self.context.schema is not None:
+                    self.schema = self.context.schema  # the role's (on_ws_connect chose it)
                 return
             except (KeyError, TypeError):
                 problem = f"malformed {kind} message"
@@ -115,8 +139,9 @@ class GraphQLWebSocket(GraphQL):
     graphql_transport_ws_handler_class = TransportWSHandler
     graphql_ws_handler_class = LegacyWSHandler
 
-    def __init__(self, schema: Any, settings: Settings, admission: Admission | None = None
-                 ) -> None:
+    def __init__(self, schema: Any, settings: Settings, access: Any = None,
+                 admission: Admission | None = None) -> None:
+        self.access = access  # gateway.access.Access; None: every connection is admin
         self.admission = admission or Admission(0, None)
         super().__init__(
             schema,
@@ -143,3 +168,33 @@ class GraphQLWebSocket(GraphQL):
 
     async def get_context(self, request: Any, response: Any) -> SubscriptionContext:
         return SubscriptionContext(websocket=response)
+
+    async def rejection(self, params: dict[str, Any]) -> str | None:
+        """Why a `connection_init` payload's credentials are refused; None: accepted."""
+        if self.access is None:
+            return None
+        try:
+            await self.access.auth.from_connection_params(params)
+        except Unauthenticated as exc:
+            return str(exc)
+        return None
+
+    async def on_ws_connect(self, context: Any) -> Any:
+        """Authenticate the `connection_init` payload: the connection's role picks its
+        schema, row rules and what its subscriptions may share (`share_scope`)."""
+        if self.access is not None:
+            try:
+                principal = await self.access.auth.from_connection_params(
+                    context.connection_params)
+            except Unauthenticated as exc:
+                raise ConnectionRejectionError({"message": str(exc)}) from None
+            context.scope = principal.scope
+            context.share_scope = principal.share_scope
+            context.schema = self.access.schema_for(principal)
+        return await super().on_ws_connect(context)
+
+
+def close_reason(reason: str) -> str:
+    """A websocket close reason fits in 123 bytes (RFC 6455)."""
+    data = reason.encode()
+    return reason if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -221,6 +221,45 @@ class Settings(BaseSettings):
     gateway_apq_ttl_s: int = Field(
         7 * 24 * 3600, description="How long Redis keeps a document a client registered "
         "(automatic persisted queries); operator-registered documents do not expire."
+    )
+
+    # Authentication and authorization (gateway.tokens, gateway.auth, schema.permissions).
+    auth_jwt_secret: SecretStr | None = Field(
+        None,
+        description="Shared secret of HS256 bearer tokens. Set it in the environment only, "
+        "never in a file of the repository.",
+    )
+    auth_jwks: str | None = Field(
+        None,
+        description="RS256 public keys: a JWKS file path or an http(s) URL (fetched and "
+        "cached, auth_jwks_cache_s); a token's `kid` picks the key.",
+    )
+    auth_jwks_cache_s: int = Field(
+        300, description="How long keys fetched from an auth_jwks URL are reused."
+    )
+    auth_issuer: str | None = Field(
+        None, description="If set, tokens must carry this `iss`."
+    )
+    auth_audience: str | None = Field(
+        None, description="If set, tokens must name this audience in `aud`."
+    )
+    auth_role_claim: str = Field(
+        "role",
+        description="Claim (dotted path) holding the token's role, or a list of roles among "
+        "which the `x-viewgate-role` header chooses (default: the first).",
+    )
+    auth_admin_role: str = Field(
+        "admin", description="The role that sees every view, row and field."
+    )
+    auth_anonymous_role: str | None = Field(
+        None,
+        description="Role of requests without a token. Unset (the default): such requests "
+        "get 401 (authentication required). `viewgate up` sets it to the admin role.",
+    )
+    gateway_introspection: bool = Field(
+        True,
+        description="Whether introspection queries (__schema, __type) and /schema.graphql "
+        "are answered.",
     )
 
     # The local development stack (`viewgate up`, `viewgate kafka|redis start`).

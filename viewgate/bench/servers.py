@@ -69,6 +69,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
     if settings.catalog:
         env["VIEWGATE_CATALOG"] = settings.catalog
+    if settings.auth_anonymous_role is not None:  # the bench and tests send no tokens
+        env["VIEWGATE_AUTH_ANONYMOUS_ROLE"] = settings.auth_anonymous_role
     return env
 
 
