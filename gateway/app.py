@@ -13,24 +13,31 @@ from graphql import GraphQLError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from strawberry.types import ExecutionContext
 
+from gateway.access import Access, unauthorized
+from gateway.auth import Unauthenticated
 from gateway.dashboard_page import dashboard_routes
 from gateway.fanout import Fanout
 from gateway.fast_http import FastEntry
 from gateway.fastpath import FastPath
 from gateway.http import GraphQLHTTP
+from gateway.limit_entry import LimitEntry
 from gateway.limits import schema_extensions
 from gateway.metrics import SUBSCRIPTIONS, metrics_endpoint
-from gateway.readiness import readyz_endpoint
+from gateway.persisted import PersistedQueries
+from gateway.rate_limit import RateLimiter
+from gateway.readiness import EndOffsets, readyz_endpoint
 from gateway.reads import Reads
+from gateway.shared_results import SharedResultsExecutor
 from gateway.startup_check import check_against_delta
 from gateway.subscriptions import Subscriptions
 from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
 from gateway.types import build_view_types, root_fields
 from gateway.websocket import GraphQLWebSocket, parse_errors_as_results
+from gateway.ws_admission import Admission
 from schema.catalog import Catalog
 from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
@@ -52,7 +59,10 @@ class GatewaySchema(strawberry.Schema):
 
 
 def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Catalog,
-                 reads: Reads, fanout: Fanout | None = None) -> tuple[strawberry.Schema, dict]:
+                 reads: Reads, fanout: Fanout | None = None,
+                 admin: bool = True) -> tuple[strawberry.Schema, dict]:
+    """The schema of `catalog` (a role's, see gateway.role_schemas); `system` (service
+    addresses) only for the admin role."""
     types = build_view_types(catalog, reads, settings)
     annotations: dict[str, object] = {"system": SystemStatus, "views": list[ViewStatus]}
     attrs: dict[str, object] = {
@@ -63,6 +73,8 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
             resolver=views_resolver(catalog, redis_client),
             description="Each view's last commit as the engine recorded it."),
     }
+    if not admin:
+        del annotations["system"], attrs["system"]
     for name, (annotation, field) in root_fields(types, settings).items():
         if name in attrs:
             raise CatalogError([Problem(name, None, f"its query field {name} clashes with a "
@@ -72,13 +84,14 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
     attrs["__annotations__"] = annotations
     query = strawberry.type(type("Query", (), attrs))
     subscription = None
-    if fanout is not None:
-        fields = Subscriptions(types, fanout, settings).fields()
+    fields = Subscriptions(types, fanout, settings).fields() if fanout is not None else {}
+    if fields:  # a role granted no view has no subscriptions
         subscription = strawberry.type(type("Subscription", (), {
             "__annotations__": {name: annotation for name, (annotation, _) in fields.items()},
             **{name: field for name, (_, field) in fields.items()}}))
     schema = GatewaySchema(query=query, subscription=subscription,
-                           extensions=schema_extensions(settings))
+                           extensions=schema_extensions(settings),
+                           execution_context_class=SharedResultsExecutor)
     return schema, types
 
 
@@ -94,14 +107,26 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     SUBSCRIPTIONS.set_function(lambda: fanout.report()["subscribers"])
     schema, types = build_schema(settings, redis_client, catalog, reads, fanout)
     fast = FastPath(schema, types, settings) if fast_path else None
-    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast)
-    sdl_text = schema.as_str() + "\n"
+    persisted = PersistedQueries(settings)
+    limiter = RateLimiter.from_settings(settings)
+    access = Access(settings, catalog, reads.fields, schema, lambda role_catalog, admin:
+                    build_schema(settings, redis_client, role_catalog, reads, fanout, admin)[0])
+    graphql = GraphQLHTTP(schema, reads, catalog, settings, fast, access, persisted)
+    source_offsets = EndOffsets(settings.kafka_bootstrap,
+                                sorted({s.topic for s in catalog.sources.values()}))
 
     async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    async def sdl(_: Request) -> PlainTextResponse:
-        return PlainTextResponse(sdl_text, media_type="application/graphql")
+    async def sdl(request: Request) -> Response:
+        if not settings.gateway_introspection:
+            return PlainTextResponse("introspection is turned off (gateway_introspection)",
+                                     status_code=404)
+        try:
+            principal = await access.principal(request.headers)
+        except Unauthenticated as exc:
+            return unauthorized(exc, "application/json")
+        return PlainTextResponse(access.sdl(principal), media_type="application/graphql")
 
     async def subscriptions(_: Request) -> JSONResponse:
         return JSONResponse(fanout.report())
@@ -115,27 +140,37 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
         await fanout.start()  # the change feed is assigned before the first subscriber
         yield
         await fanout.stop()
+        source_offsets.close()
         await reads.close()
+        await persisted.close()
+        if limiter is not None:
+            await limiter.close()
         await redis_client.aclose()
 
     app = Starlette(
         routes=[
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
-            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings)),
+            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings, access, Admission(
+                settings.gateway_max_subscriptions_per_client, persisted))),
             Route("/subscriptions", subscriptions),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
             Route("/metrics", metrics_endpoint),
             Route("/readyz", readyz_endpoint(catalog, settings, redis_client,
-                                             lambda: fanout.feed.ready)),
+                                             lambda: fanout.feed.ready, source_offsets)),
             *dashboard_routes(settings.gateway_dashboard_dir),
         ],
         lifespan=lifespan,
         # Compiled queries skip the router (gateway.fast_http); the rest goes through it.
-        middleware=[Middleware(FastEntry, graphql=graphql)] if fast_path else [],
+        # Per-client limits first (gateway.limit_entry), so they hold on every path.
+        middleware=[Middleware(LimitEntry, limiter=limiter,
+                               websockets=settings.gateway_max_websockets_per_client,
+                               address_header=settings.gateway_client_address_header),
+                    *([Middleware(FastEntry, graphql=graphql)] if fast_path else [])],
     )
     app.state.schema = schema
     app.state.reads = reads
     app.state.fast = fast
     app.state.fanout = fanout
+    app.state.access = access
     return app

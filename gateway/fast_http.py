@@ -3,9 +3,10 @@ compiled plan (gateway.fastpath): the hot path skips Starlette's routing, Reques
 Response objects and sends the plan's bytes itself.
 
 It answers only when the request is plainly valid (POST with a JSON object body or GET
-with a `query` parameter, an acceptable media type, no `minVersion`) and the plan ran; for
-anything else it hands the request, with the body it already read, to the router, so
-every status code, media type and error stays the general path's (gateway.http).
+with a `query` parameter, an acceptable media type, no `minVersion`, a caller of the admin
+role: gateway.access) and the plan ran; for anything else (a bad token too) it hands the
+request, with the body it already read, to the router, so every status code, media type
+and error stays the general path's (gateway.http).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from gateway.auth import ROLE_HEADER
 from gateway.http import JSON, BadRequest, GraphQLHTTP, negotiate, parse_params
 from gateway.metrics import observe_request
+
+ROLE_HEADER_BYTES = ROLE_HEADER.encode()
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -51,13 +55,17 @@ class FastEntry:
             await self.app(scope, receive, send)
 
     async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
-        accept = content_type = None
+        accept = content_type = authorization = role = None
         for name, value in scope["headers"]:
             # The first of each, as Starlette's Headers.get reads them.
             if name == b"accept" and accept is None:
                 accept = value.decode("latin-1")
             elif name == b"content-type" and content_type is None:
                 content_type = value.decode("latin-1")
+            elif name == b"authorization" and authorization is None:
+                authorization = value.decode("latin-1")
+            elif name == ROLE_HEADER_BYTES and role is None:
+                role = value.decode("latin-1")
         body, more, messages = await _read_body(receive, self.max_body)
         answered = False
         if not more and content_type is not None \
@@ -67,30 +75,38 @@ class FastEntry:
             except orjson.JSONDecodeError:
                 params = None
             if isinstance(params, dict):
-                answered = await self._answer(params, accept, send)
+                answered = await self._answer(params, accept, send, authorization, role)
         if not answered:
             await self.app(scope, _replay(messages, receive), send)
 
     async def _get(self, scope: Scope, receive: Receive, send: Send) -> None:
-        accept = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"accept"), None)
+        headers = {n: v.decode("latin-1") for n, v in reversed(scope["headers"])}  # first wins
+        accept = headers.get(b"accept")
         if accept is not None and "text/html" in accept:
             await self.app(scope, receive, send)  # GraphiQL or a browser: the general path
             return
         params = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
-        if not await self._answer(params, accept, send):
+        if not await self._answer(params, accept, send, headers.get(b"authorization"),
+                                  headers.get(ROLE_HEADER_BYTES)):
             await self.app(scope, receive, send)
 
-    async def _answer(self, params: dict[str, Any], accept: str | None, send: Send) -> bool:
+    async def _answer(self, params: dict[str, Any], accept: str | None, send: Send,
+                      authorization: str | None, role: str | None) -> bool:
         """Send the compiled answer; False (nothing sent) when the general path must."""
         started = time.perf_counter()
         media = negotiate(accept)
         if media is None:
             return False
+        persisted = self.graphql.persisted
+        if persisted is not None:  # a persisted query known in memory, else the general path
+            params = persisted.cached(params)
+            if params is None:
+                return False
         try:
             req = parse_params(params, self.graphql.settings.gateway_max_document_bytes)
         except BadRequest:
             return False
-        answer = await self.graphql.fast_answer(req)
+        answer = await self.graphql.fast_answer(req, authorization, role)
         if answer is None:
             return False
         await send({"type": "http.response.start", "status": 200, "headers": [

@@ -29,11 +29,14 @@ from strawberry.types import ExecutionResult
 from strawberry.types.execution import PreExecutionError
 from strawberry.types.graphql import OperationType
 
+from gateway.access import unauthorized
+from gateway.auth import Principal, Unauthenticated
 from gateway.fastpath import FastPath
 from gateway.filters import QueryError
 from gateway.freshness import parse_min_versions, wait_for_versions
 from gateway.limits import limit_code
 from gateway.metrics import ERRORS, observe_request
+from gateway.persisted import PersistedQueries, PersistedQueryError
 from gateway.types import RequestContext
 from schema.logs import REQUEST_ID
 
@@ -133,8 +136,11 @@ class GraphQLHTTP:
     """The /graphql endpoint."""
 
     def __init__(self, schema: Any, reads: Any, catalog: Any, settings: Any,
-                 fast: FastPath | None) -> None:
+                 fast: FastPath | None, access: Any = None,
+                 persisted: PersistedQueries | None = None) -> None:
         self.schema = schema
+        self.access = access  # gateway.access.Access; None: no authentication (tests)
+        self.persisted = persisted
         self.reads = reads
         self.catalog = catalog
         self.settings = settings
@@ -151,18 +157,30 @@ class GraphQLHTTP:
         if media is None:
             return request_error(f"cannot answer in any of {accept}; accept {GRAPHQL_RESPONSE} "
                                  f"or {JSON}", JSON, 406, "NOT_ACCEPTABLE")
+        principal = None
+        if self.access is not None:
+            try:
+                principal = await self.access.principal(request.headers)
+            except Unauthenticated as exc:
+                ERRORS.labels("UNAUTHENTICATED").inc()
+                return unauthorized(exc, media)
         started = time.perf_counter()
         try:
             params = request.query_params if is_get else await self._params(request)
+            if self.persisted is not None:  # a persisted query's document, by its hash
+                params = await self.persisted.resolve(params)
             graphql_request = parse_params(params, self.settings.gateway_max_document_bytes)
         except BadRequest as exc:
             ERRORS.labels("BAD_REQUEST").inc()
             return request_error(str(exc), media, exc.status)
+        except PersistedQueryError as exc:
+            ERRORS.labels(exc.code).inc()
+            return request_error(str(exc), media, exc.status, exc.code)
         # Log records of this request carry its id; the answer names it too.
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         token = REQUEST_ID.set(request_id)
         try:
-            response = await self.execute(graphql_request, media, is_get)
+            response = await self.execute(graphql_request, media, is_get, principal)
         finally:
             REQUEST_ID.reset(token)
         response.headers["x-request-id"] = request_id
@@ -187,15 +205,22 @@ class GraphQLHTTP:
             raise BadRequest("the body must be a JSON object (batches are not supported)")
         return params
 
-    async def fast_answer(self, req: GraphQLRequest) -> bytes | None:
+    async def fast_answer(self, req: GraphQLRequest, authorization: str | None = None,
+                          role: str | None = None) -> bytes | None:
         """The compiled plan's answer (gateway.fast_http sends it), or None: no plan, a
-        minimum version to wait for, or the plan declined; then this endpoint answers."""
+        minimum version to wait for, a caller other than the admin role (gateway.access),
+        or the plan declined; then this endpoint answers."""
         if self.fast is None or (req.extensions or {}).get("minVersion") is not None:
+            return None
+        if self.access is not None and not await self.access.admin_request(authorization, role):
             return None
         return await self.fast.run(req.query, req.operation_name, req.variables, self.reads)
 
-    async def execute(self, req: GraphQLRequest, media: str, is_get: bool) -> Response:
-        context = RequestContext(self.reads, self.catalog)
+    async def execute(self, req: GraphQLRequest, media: str, is_get: bool,
+                      principal: Principal | None = None) -> Response:
+        schema = self.schema if principal is None else self.access.schema_for(principal)
+        context = RequestContext(self.reads, self.catalog,
+                                 scope=principal.scope if principal is not None else None)
         try:
             wanted = parse_min_versions((req.extensions or {}).get("minVersion"),
                                         self.catalog.views)
@@ -211,7 +236,7 @@ class GraphQLHTTP:
         allowed = {OperationType.QUERY} if is_get else {OperationType.QUERY,
                                                          OperationType.MUTATION}
         try:
-            result = await self.schema.execute(
+            result = await schema.execute(
                 req.query, variable_values=req.variables, context_value=context,
                 operation_name=req.operation_name, allowed_operation_types=allowed,
                 operation_extensions=req.extensions)
@@ -230,10 +255,11 @@ class GraphQLHTTP:
             return request_error(message, media, 400 if media == GRAPHQL_RESPONSE else 200)
         except MissingQueryError:
             return request_error("the request has no query", media, 400)
-        return self._response(result, context, media, req)
+        return self._response(result, context, media, req,
+                              principal is None or principal.admin)
 
     def _response(self, result: ExecutionResult, context: RequestContext, media: str,
-                  req: GraphQLRequest) -> Response:
+                  req: GraphQLRequest, admin: bool = True) -> Response:
         errors = result.errors or []
         # Before execution (parse, validation, variables, limits) nothing is read: no data.
         is_request_error = isinstance(result, PreExecutionError) or (
@@ -248,6 +274,6 @@ class GraphQLHTTP:
             return respond(body, media, 400 if media == GRAPHQL_RESPONSE else 200)
         body["data"] = result.data
         body["extensions"] = {"freshness": context.fresh.report()}
-        if self.fast is not None and not errors:
+        if self.fast is not None and not errors and admin:  # plans serve the admin role
             self.fast.learn(req.query, req.operation_name)
         return respond(body, media)

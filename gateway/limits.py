@@ -24,6 +24,7 @@ from graphql import (
 )
 from graphql.execution import ExecutionResult as GraphQLExecutionResult
 from graphql.utilities import value_from_ast_untyped
+from graphql.validation import NoSchemaIntrospectionCustomRule
 from strawberry.extensions import (
     AddValidationRules,
     MaxAliasesLimiter,
@@ -45,7 +46,7 @@ def schema_extensions(settings: Settings) -> list[Callable[[], SchemaExtension]]
     depth = QueryDepthLimiter(max_depth=settings.gateway_max_depth).validation_rules
     aliases = MaxAliasesLimiter(max_alias_count=settings.gateway_max_aliases).validation_rules
     size = settings.gateway_document_cache_size
-    return [
+    extensions: list[Callable[[], SchemaExtension]] = [
         lambda: MaxTokensLimiter(max_token_count=settings.gateway_max_tokens),
         lambda: AddValidationRules(depth),
         lambda: AddValidationRules(aliases),
@@ -53,6 +54,11 @@ def schema_extensions(settings: Settings) -> list[Callable[[], SchemaExtension]]
         lambda: ValidationCache(maxsize=size),
         lambda: CostLimiter(settings),
     ]
+    if not settings.gateway_introspection:
+        # __schema and __type fail validation ("introspection has been disabled").
+        no_introspection = [NoSchemaIntrospectionCustomRule]
+        extensions.append(lambda: AddValidationRules(no_introspection))
+    return extensions
 
 
 def limit_code(error: GraphQLError) -> str | None:

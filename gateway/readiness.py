@@ -6,6 +6,8 @@ committed keeps the gateway not ready (its answers would be empty)."""
 from __future__ import annotations
 
 import asyncio
+import math
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -20,25 +22,62 @@ from schema.settings import Settings
 from schema.storage import ViewMeta, meta_key
 
 
-def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 3
-                ) -> dict[str, dict[str, int]] | None:
-    """topic -> partition -> next offset; None if Kafka does not answer."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "viewgate-readyz",
-                         "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(timeout=timeout_s)
+class EndOffsets:
+    """The sources' end offsets, from one long-lived consumer (not one per probe), read at
+    most once per `ttl_s` however often /readyz is probed."""
+
+    def __init__(self, bootstrap: str, topics: list[str], ttl_s: float = 1.0,
+                 timeout_s: float = 3) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.ttl_s = ttl_s
+        self.timeout_s = timeout_s
+        self._consumer: Consumer | None = None
+        self._lock = threading.Lock()  # a consumer is not safe to share between threads
+        self._read_at = -math.inf
+        self._last: dict[str, dict[str, int]] | None = None
+
+    def read(self) -> dict[str, dict[str, int]] | None:
+        """topic -> partition -> next offset; None if Kafka does not answer."""
+        with self._lock:
+            if time.monotonic() - self._read_at < self.ttl_s:
+                return self._last
+            if self._consumer is None:
+                self._consumer = Consumer({"bootstrap.servers": self.bootstrap,
+                                           "group.id": "viewgate-readyz",
+                                           "enable.auto.commit": False})
+            try:
+                self._last = self._read(self._consumer)
+            except KafkaException:
+                self._last = None
+            self._read_at = time.monotonic()
+            return self._last
+
+    def _read(self, consumer: Consumer) -> dict[str, dict[str, int]]:
+        metadata = consumer.list_topics(timeout=self.timeout_s)
         out: dict[str, dict[str, int]] = {}
-        for topic in topics:
+        for topic in self.topics:
             found = metadata.topics.get(topic)
             out[topic] = {} if found is None else {
                 str(p): consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                       timeout=timeout_s)[1]
+                                                       timeout=self.timeout_s)[1]
                 for p in found.partitions}
         return out
-    except KafkaException:
-        return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+
+
+def end_offsets(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]] | None:
+    """Once, for a command line: topic -> partition -> next offset; None if Kafka is down."""
+    offsets = EndOffsets(bootstrap, topics, ttl_s=0)
+    try:
+        return offsets.read()
     finally:
-        consumer.close()
+        offsets.close()
 
 
 def view_problems(catalog: Catalog, metas: Mapping[str, ViewMeta],
@@ -63,8 +102,7 @@ def view_problems(catalog: Catalog, metas: Mapping[str, ViewMeta],
 
 
 def readyz_endpoint(catalog: Catalog, settings: Settings, redis_client: aioredis.Redis,
-                    feed_ready: Any):
-    topics = sorted({s.topic for s in catalog.sources.values()})
+                    feed_ready: Any, offsets: EndOffsets):
 
     async def readyz(_: Request) -> JSONResponse:
         checks: dict[str, Any] = {}
@@ -79,7 +117,7 @@ def readyz_endpoint(catalog: Catalog, settings: Settings, redis_client: aioredis
         except Exception as exc:  # noqa: BLE001 - any failure means not ready
             return JSONResponse({"ready": False, "redis": f"unreachable: {exc}"}, 503)
         checks["changeFeed"] = "ok" if feed_ready() else "not assigned yet"
-        ends = await asyncio.to_thread(end_offsets, settings.kafka_bootstrap, topics)
+        ends = await asyncio.to_thread(offsets.read)
         checks["kafka"] = "ok" if ends is not None else "unreachable: lag unknown"
         views = view_problems(catalog, metas, ends, time.time() * 1000,
                               settings.gateway_ready_max_lag_s)

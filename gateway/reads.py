@@ -147,7 +147,8 @@ class Reads:
             return set()
         fields = self.fields[view.name]
         entries = set()
-        for name in view.indexes:
+        # The catalog's view: a role's copy lists only the indexes it may see.
+        for name in self.catalog.views[view.name].indexes:
             entry = index_entry(fields[name].python_type, row.get(name), key)
             if entry is not None:
                 entries.add((index_key(view.name, generation, name), *entry))

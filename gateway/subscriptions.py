@@ -30,6 +30,8 @@ from gateway.freshness import Freshness
 from gateway.live_lists import LiveList
 from gateway.metrics import SLOW_CLIENTS
 from gateway.redis_store import RedisUnavailable
+from gateway.row_rules import RowScope, allows, scoped, seen_change
+from gateway.shared_results import shared
 from gateway.subscribers import Subscriber, filter_key, relative_op
 from gateway.types import (
     RequestContext,
@@ -64,7 +66,15 @@ class SubscriptionContext:
 
     websocket: Any
     connection_params: dict[str, Any] | None = None
+    # What besides document and variables can make two subscribers' results differ
+    # (gateway.shared_results shares executions only within one scope): set from the
+    # connection_init token (gateway.websocket) to the role and the claim values its row
+    # rules read; None: the admin role.
+    share_scope: Any = None
     too_slow: bool = False  # a subscription overflowed: the websocket is being closed
+    # Also from the token: the role's schema and its row rules (None: admin, no rules).
+    schema: Any = None
+    scope: RowScope | None = None
 
 
 def changefeed_name(vt: ViewTypes) -> str:
@@ -89,7 +99,7 @@ class Subscriptions:
         self.reads = fanout.reads
         self.changes = {name: change_type(vt) for name, vt in types.items()}
         self._closing: set[asyncio.Task] = set()
-        self._messages: OrderedDict[tuple[str, int, int, str], Any] = OrderedDict()
+        self._messages: OrderedDict[tuple, Any] = OrderedDict()
         # Current values that subscriptions start from, read in batches: thousands of
         # clients subscribing at once cost a few MGETs, not one read each (which could time
         # Redis out and send them all to Delta). No cache: each batch reads anew.
@@ -123,19 +133,28 @@ class Subscriptions:
             task.add_done_callback(self._closing.discard)
         return Subscriber(self.settings.gateway_subscription_buffer, overflow)
 
-    def _message(self, vt: ViewTypes, op: str, item: FeedEvent) -> Any:
+    def _seen(self, vt: ViewTypes, op: str | None, item: FeedEvent,
+              scope: RowScope | None) -> Any:
+        """The message of a change as a subscriber with these row rules sees it, or None
+        (a change of rows it may not see: gateway.row_rules.seen_change)."""
+        op, show_row, show_before = seen_change(scope, item.event, op)
+        return None if op is None else self._message(vt, op, item, show_row, show_before)
+
+    def _message(self, vt: ViewTypes, op: str, item: FeedEvent, show_row: bool = True,
+                 show_before: bool = True) -> Any:
         # Built once per change and op, however many subscribers it goes to.
-        slot = (vt.view.name, item.event.generation, item.offset, op)
+        slot = (vt.view.name, item.event.generation, item.offset, op, show_row, show_before)
         message = self._messages.get(slot)
         if message is None:
             event = item.event
-            message = self._messages[slot] = self.changes[vt.view.name](
+            message = self._messages[slot] = shared(self.changes[vt.view.name](
                 op=ChangeOp(op), key=event.key, version=event.version,
                 cursor=encode_feed_cursor(FeedCursor(vt.view.name, event.generation,
                                                      item.offset)),
-                row=vt.to_object(event.row) if event.row is not None else None,
-                before=vt.to_object(event.before) if event.before is not None else None,
-                committed_at_ms=event.committed_at_ms)
+                row=vt.to_object(event.row) if event.row is not None and show_row else None,
+                before=vt.to_object(event.before) if event.before is not None and show_before
+                else None,
+                committed_at_ms=event.committed_at_ms))
             if len(self._messages) > MESSAGE_CACHE:
                 self._messages.popitem(last=False)
         return message
@@ -147,6 +166,7 @@ class Subscriptions:
 
         async def live_value(info: strawberry.Info, **kwargs: Any) -> AsyncIterator[Any]:
             key = key_of(kwargs, view.key)
+            scope = getattr(info.context, "scope", None)
             sub = self._subscriber(info)
             self.fanout.index.add_key(view.name, key, sub)
             try:
@@ -154,13 +174,13 @@ class Subscriptions:
             except BaseException:
                 sub.unregister()
                 raise
-            if current[0] is None:
+            if not allows(scope, view.name, current[0]):  # a row it may not see: none
                 sub.unregister()
                 raise QueryError(
                     f"{view.name} has no row with key {key}: subscribe to an existing key, or "
                     f"to {changefeed_name(vt)} to see rows appear", "NOT_FOUND",
                     view=view.name, key=key)
-            return self._live_value(vt, key, sub, current)
+            return self._live_value(vt, key, sub, current, scope)
 
         params = [keyword(c, vt.fields[c].python_type) for c in view.key]
         return strawberry.subscription(
@@ -188,7 +208,8 @@ class Subscriptions:
         return load
 
     async def _live_value(self, vt: ViewTypes, key: str, sub: Subscriber,
-                          current: tuple[Any, int | None, str]) -> AsyncIterator[Any]:
+                          current: tuple[Any, int | None, str],
+                          scope: RowScope | None) -> AsyncIterator[Any]:
         change = self.changes[vt.view.name]
 
         def current_message(row: Any, version: int | None, cursor: str) -> Any:
@@ -202,6 +223,8 @@ class Subscriptions:
                 item = await sub.get()
                 if item is GENERATION_CHANGED:
                     row, version, cursor = await self._current(vt, key)
+                    if not allows(scope, vt.view.name, row):
+                        row = None
                     yield current_message(row, version, cursor)
                     continue
                 op, feed_event = item
@@ -209,8 +232,11 @@ class Subscriptions:
                 # Already part of the value sent (the read may trail the feed a little).
                 if (version is not None and event.version <= version) or event.row == row:
                     continue
+                message = self._seen(vt, op, feed_event, scope)
+                if message is None:
+                    continue  # a change among values it may not see
                 row = event.row
-                yield self._message(vt, op, feed_event)
+                yield message
         finally:
             sub.unregister()
 
@@ -221,7 +247,9 @@ class Subscriptions:
 
         async def changes(info: strawberry.Info, where: Any = None, after: str | None = None,
                           after_version: int | None = None) -> AsyncIterator[Any]:
-            conditions = where_conditions(vt, where)
+            # The caller's row rules join its filter: leaving the visible set is a DELETE.
+            scope = getattr(info.context, "scope", None)
+            conditions = scoped(where_conditions(vt, where), scope, view.name)
             if after is not None and after_version is not None:
                 raise QueryError("pass either after or afterVersion, not both", "BAD_REQUEST")
             sub = self._subscriber(info)
@@ -235,7 +263,7 @@ class Subscriptions:
                 sub.unregister()
                 raise
             return self._changes(vt, sub, conditions, generation, start, position,
-                                 after_version)
+                                 after_version, scope)
 
         params = [keyword("where", vt.where | None, None), keyword("after", str | None, None),
                   keyword("after_version", int | None, None)]
@@ -279,7 +307,7 @@ class Subscriptions:
 
     async def _changes(self, vt: ViewTypes, sub: Subscriber, conditions: list[Condition],
                        generation: int, start: int, position: int,
-                       floor: int | None) -> AsyncIterator[Any]:
+                       floor: int | None, scope: RowScope | None) -> AsyncIterator[Any]:
         view = vt.view.name
         replayed: dict[str, int] = {}  # key -> version sent while replaying
 
@@ -299,12 +327,14 @@ class Subscriptions:
                     for item in chunk:
                         op = relative_op(item.event, conditions, vt.fields) \
                             if wanted(item, replaying=True) else None
-                        if op is not None:
-                            yield self._message(vt, op, item)
+                        message = self._seen(vt, op, item, scope)
+                        if message is not None:
+                            yield message
             while True:
                 op, item = await sub.get()
-                if wanted(item, replaying=False):
-                    yield self._message(vt, op, item)
+                message = self._seen(vt, op, item, scope) if wanted(item, False) else None
+                if message is not None:
+                    yield message
         finally:
             sub.unregister()
 
@@ -316,12 +346,15 @@ class Subscriptions:
         async def live_list(info: strawberry.Info, where: Any = None, order_by: Any = None,
                             first: int | None = None) -> AsyncIterator[Any]:
             conditions, order = list_query(vt, where, order_by)
+            scope = getattr(info.context, "scope", None)
+            conditions = scoped(conditions, scope, view.name)  # re-evaluated on their changes
             lists = self.fanout.index.views[view.name].lists
-            key = filter_key(conditions, order.field, order.descending, first)
+            key = filter_key(conditions, order.field, order.descending, first,
+                             getattr(info.context, "share_scope", None))
             live = lists.get(key)
             if live is None:
                 live = lists[key] = self._live_list(vt, key, conditions, {
-                    "where": where, "order_by": order_by, "first": first})
+                    "where": where, "order_by": order_by, "first": first}, scope)
             sub = self._subscriber(info)
             await live.add(sub)  # type: ignore[attr-defined]
             return _drain(sub)
@@ -336,12 +369,12 @@ class Subscriptions:
                          "share one evaluation."))
 
     def _live_list(self, vt: ViewTypes, key: bytes, conditions: list[Condition],
-                   kwargs: dict[str, Any]) -> LiveList:
+                   kwargs: dict[str, Any], scope: RowScope | None) -> LiveList:
         lists = self.fanout.index.views[vt.view.name].lists
 
         async def evaluate() -> tuple[Any, Any]:
-            context = RequestContext(self.reads, self.reads.catalog)
-            page = await list_page(vt, self.settings, context, kwargs)
+            context = RequestContext(self.reads, self.reads.catalog, scope=scope)
+            page = shared(await list_page(vt, self.settings, context, kwargs))
             info = page.page_info
             # What a client can see of the page: its rows, cursors, counts and flags.
             snapshot = ([(e.cursor, [getattr(e.node, f) for f in vt.fields]) for e in page.edges],

@@ -36,7 +36,8 @@ from gateway.freshness import Freshness
 from gateway.lists import list_rows
 from gateway.reads import Reads, seen_delta
 from gateway.relations import related_rows
-from schema.catalog import Catalog, FieldInfo, Relationship, View
+from gateway.row_rules import RowScope, allows, rules_of
+from schema.catalog import Catalog, FieldInfo, Relationship, View, graphql_fields
 from schema.storage import from_json_value, key_of
 
 # --- Shared types ---------------------------------------------------------------------------
@@ -101,6 +102,7 @@ class RequestContext:
     catalog: Catalog
     fresh: Freshness = field(default_factory=Freshness)
     loaders: dict[Any, DataLoader] = field(default_factory=dict)
+    scope: RowScope | None = None  # the caller's row rules (gateway.row_rules); None: admin
 
     def rows_loader(self, view: View) -> DataLoader:
         loader = self.loaders.get(view.name)
@@ -168,7 +170,7 @@ def build_view_types(catalog: Catalog, reads: Reads, settings: Any) -> dict[str,
     filters: dict[Any, type] = {}
     out: dict[str, ViewTypes] = {}
     for view in catalog.views.values():
-        fields = reads.fields[view.name]
+        fields = graphql_fields(view)  # the role's type may hide some (gateway.role_schemas)
         original = view.graphql_type.__strawberry_definition__  # type: ignore[attr-defined]
         attrs: dict[str, Any] = {"__annotations__": {}}
         for rel in view.relationships:
@@ -223,11 +225,12 @@ def _relationship_field(catalog: Catalog, view: View, rel: Relationship,
         ctx: RequestContext = info.context
         if by_key:
             row = await ctx.rows_loader(target).load(key_of(values, target.key))
-            return [row] if row is not None else []
+            return [row] if allows(ctx.scope, target.name, row) else []
         assert driver is not None  # the catalog checks a relationship can be looked up
         rows = await ctx.related_loader(target, driver, first).load(values[driver])
         rest = [Condition(t, "eq", v) for t, v in values.items() if t != driver]
-        return [r for r in rows if matches(r, rest, types[target.name].fields)]
+        return [r for r in rows if matches(r, rest, types[target.name].fields)
+                and allows(ctx.scope, target.name, r)]
 
     if rel.many:
         async def resolve_many(root: Any, info: strawberry.Info,
@@ -309,7 +312,7 @@ def _lookup_field(vt: ViewTypes) -> Any:
             row = rows[0] if rows else None
         else:
             row = await ctx.rows_loader(view).load(key)
-        return vt.to_object(row) if row is not None else None
+        return vt.to_object(row) if allows(ctx.scope, view.name, row) else None
 
     params = [keyword(c, vt.fields[c].python_type) for c in view.key]
     params.append(keyword("as_of", AsOfInput | None, None))
@@ -347,10 +350,13 @@ class ConnectionPage:
 
 
 async def connection_page(reads: Reads, fresh: Freshness, load: Callable[[Sequence[str]], Any],
-                          vt: ViewTypes, settings: Any, kwargs: dict[str, Any]) -> ConnectionPage:
-    """The page a list field's (Strawberry-converted) arguments ask for."""
+                          vt: ViewTypes, settings: Any, kwargs: dict[str, Any],
+                          rules: Sequence[Condition] = ()) -> ConnectionPage:
+    """The page a list field's (Strawberry-converted) arguments ask for; `rules` (the
+    caller's row rules) join the filter after the order is chosen from it."""
     view = vt.view
     conditions, order = list_query(vt, kwargs.get("where"), kwargs.get("order_by"))
+    conditions = [*conditions, *rules]
     first, after, last, before = (kwargs.get(k) for k in ("first", "after", "last", "before"))
     page = make_page(first, after, last, before, order, vt.fields,
                      settings.gateway_default_page_size, settings.gateway_max_page_size)
@@ -382,7 +388,7 @@ async def list_page(vt: ViewTypes, settings: Any, ctx: RequestContext,
                     kwargs: dict[str, Any]) -> Any:
     """One page of a list, laid out (the query's and the live list subscription's)."""
     page = await connection_page(ctx.reads, ctx.fresh, ctx.load_rows(vt.view), vt, settings,
-                                 kwargs)
+                                 kwargs, rules_of(ctx.scope, vt.view.name))
     edges = [vt.edge(node=vt.to_object(row), cursor=encode_cursor(position))
              for position, row in page.items]
     info_ = PageInfo(has_next_page=page.has_next, has_previous_page=page.has_previous,

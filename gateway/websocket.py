@@ -1,7 +1,10 @@
 """GraphQL over websockets on /graphql: Strawberry's own handlers of both protocols,
 `graphql-transport-ws` (graphql-ws, the current one) and the legacy `graphql-ws`
 (subscriptions-transport-ws), with keep-alive. Each connection's context carries its
-websocket (to close a slow client) and the `connection_init` payload."""
+websocket (to close a slow client) and the `connection_init` payload, whose token picks
+the connection's role: its schema and row rules (gateway.access). A bad token closes a
+`graphql-transport-ws` connection with 4403 and the reason; the legacy protocol answers
+`connection_error` with it."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 import orjson
 from graphql import GraphQLError
 from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
@@ -18,8 +22,10 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.execution import PreExecutionError
 
+from gateway.auth import Unauthenticated
 from gateway.metrics import WEBSOCKETS
 from gateway.subscriptions import SubscriptionContext
+from gateway.ws_admission import Admission
 from schema.settings import Settings
 
 
@@ -48,11 +54,43 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler):
         # client's other subscriptions (Strawberry would close the socket with 4400).
         return None
 
+    async def handle_connection_init(self, message: Any) -> None:
+        payload = message.get("payload") or {}
+        if isinstance(payload, dict) and not self.connection_init_received \
+                and not self.connection_timed_out:
+            # Strawberry closes a rejected connection with the bare reason "Forbidden".
+            reason = await self.view.rejection(payload)
+            if reason is not None:
+                self.connection_init_received = True
+                if self.connection_init_timeout_task:
+                    self.connection_init_timeout_task.cancel()
+                await self.websocket.close(code=4403, reason=close_reason(reason))
+                return
+        await super().handle_connection_init(message)
+        if self.connection_acknowledged and self.context.schema is not None:
+            self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
+
     async def handle_message(self, message: Any) -> None:
         if not isinstance(message, dict):  # valid JSON, but no message: malformed (4400)
             await self.handle_invalid_message("a message must be a JSON object")
             return
         await super().handle_message(message)
+
+    async def handle_subscribe(self, message: Any) -> None:
+        # Persisted queries and the client's subscription limit (gateway.ws_admission).
+        op = message["id"]
+        if not self.connection_acknowledged or op in self.operations:
+            await super().handle_subscribe(message)  # Strawberry closes the socket
+            return
+        error = await self.view.admission.admit(self.context, message.get("payload"))
+        if error is not None:
+            await self.send_message({"id": op, "type": "error", "payload": [error.formatted]})
+            return
+        try:
+            await super().handle_subscribe(message)
+        finally:
+            operation = self.operations.get(op)
+            self.view.admission.started(self.context, operation.task if operation else None)
 
 
 LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
@@ -66,6 +104,9 @@ class LegacyWSHandler(BaseGraphQLWSHandler):
         if kind in LEGACY_TYPES:
             try:
                 await super().handle_message(message)
+                if kind == "connection_init" and self.connection_acknowledged \
+                        and self.context.schema is not None:
+                    self.schema = self.context.schema  # the role's (on_ws_connect chose it)
                 return
             except (KeyError, TypeError):
                 problem = f"malformed {kind} message"
@@ -75,12 +116,33 @@ class LegacyWSHandler(BaseGraphQLWSHandler):
         await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
                                  "payload": {"message": problem}})
 
+    async def handle_start(self, message: Any) -> None:
+        # Persisted queries and the client's subscription limit (gateway.ws_admission).
+        op = message["id"]
+        if not self.connection_acknowledged:
+            await super().handle_start(message)  # Strawberry closes the socket
+            return
+        if op in self.tasks:
+            await self.cleanup_operation(op)  # a restarted id gives its subscription back
+        error = await self.view.admission.admit(self.context, message.get("payload"))
+        if error is not None:
+            await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
+                                     "payload": error.formatted})
+            return
+        try:
+            await super().handle_start(message)
+        finally:
+            self.view.admission.started(self.context, self.tasks.get(op))
+
 
 class GraphQLWebSocket(GraphQL):
     graphql_transport_ws_handler_class = TransportWSHandler
     graphql_ws_handler_class = LegacyWSHandler
 
-    def __init__(self, schema: Any, settings: Settings) -> None:
+    def __init__(self, schema: Any, settings: Settings, access: Any = None,
+                 admission: Admission | None = None) -> None:
+        self.access = access  # gateway.access.Access; None: every connection is admin
+        self.admission = admission or Admission(0, None)
         super().__init__(
             schema,
             graphql_ide=None,
@@ -106,3 +168,33 @@ class GraphQLWebSocket(GraphQL):
 
     async def get_context(self, request: Any, response: Any) -> SubscriptionContext:
         return SubscriptionContext(websocket=response)
+
+    async def rejection(self, params: dict[str, Any]) -> str | None:
+        """Why a `connection_init` payload's credentials are refused; None: accepted."""
+        if self.access is None:
+            return None
+        try:
+            await self.access.auth.from_connection_params(params)
+        except Unauthenticated as exc:
+            return str(exc)
+        return None
+
+    async def on_ws_connect(self, context: Any) -> Any:
+        """Authenticate the `connection_init` payload: the connection's role picks its
+        schema, row rules and what its subscriptions may share (`share_scope`)."""
+        if self.access is not None:
+            try:
+                principal = await self.access.auth.from_connection_params(
+                    context.connection_params)
+            except Unauthenticated as exc:
+                raise ConnectionRejectionError({"message": str(exc)}) from None
+            context.scope = principal.scope
+            context.share_scope = principal.share_scope
+            context.schema = self.access.schema_for(principal)
+        return await super().on_ws_connect(context)
+
+
+def close_reason(reason: str) -> str:
+    """A websocket close reason fits in 123 bytes (RFC 6455)."""
+    data = reason.encode()
+    return reason if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."

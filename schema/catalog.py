@@ -20,6 +20,7 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.types.base import StrawberryOptional
 
 from schema.errors import CatalogError, Problem
+from schema.permissions import Grant, check_grants
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class View:
     dimensions: tuple[str, ...] = ()  # views joined as static tables, registered by view name
     trigger: str = "1 second"  # Spark processing-time trigger
     retention: str = "7 days"  # change-feed retention
+    grants: tuple[Grant, ...] = ()  # who may read it besides the admin role (schema.permissions)
 
 
 # --- GraphQL type introspection -------------------------------------------------------
@@ -435,6 +437,7 @@ def _check_view(catalog: Catalog, name: str, v: View,
             out.append(problem(field, f"cannot parse {text!r}", f"write it like {example}"))
 
     out += _check_relationships(catalog, v, fields, fields_of)
+    out += check_grants(v.name, v.grants, fields, tuple(dict.fromkeys([*v.key, *v.indexes])))
     return out
 
 

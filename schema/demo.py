@@ -7,6 +7,7 @@ import datetime
 import strawberry
 
 from schema.catalog import Catalog, Relationship, Source, View, ViewKind
+from schema.permissions import Grant, RowRule
 
 ORDERS = Source(
     name="orders",
@@ -68,6 +69,14 @@ class ProductSales:
     revenue: float
 
 
+# Who may read what (besides the admin role). A `customer` token carries the customer's
+# id in its `customer_id` claim and sees only that customer's rows; the tier is an
+# internal segment, hidden from customers. An `analyst` sees every row but no names.
+OWN_ROWS = (RowRule("customer_id", claim="customer_id"),)
+CUSTOMER_GRANTS = (Grant("customer", rows=OWN_ROWS, hidden=("tier",)),
+                   Grant("analyst", hidden=("name",)))
+
+
 CUSTOMER = View(
     name="Customer",
     source="customers",
@@ -80,6 +89,7 @@ CUSTOMER = View(
         Relationship("stats", "CustomerStats", (("customer_id", "customer_id"),)),
         Relationship("orders", "Order", (("customer_id", "customer_id"),), many=True),
     ),
+    grants=CUSTOMER_GRANTS,
 )
 
 # Stream-static join: each order event picks up the customer's tier as it is when the
@@ -99,6 +109,7 @@ ORDER = View(
     indexes=("customer_id", "status", "amount", "ts"),
     relationships=(Relationship("customer", "Customer", (("customer_id", "customer_id"),)),),
     dimensions=("Customer",),
+    grants=(Grant("customer", rows=OWN_ROWS, hidden=("customer_tier",)), Grant("analyst")),
 )
 
 # Status updates re-emit the whole order, so only "placed" events are counted: each order
@@ -123,6 +134,7 @@ CUSTOMER_STATS = View(
     kind=ViewKind.AGGREGATE,
     indexes=("total_spent", "order_count"),
     relationships=(Relationship("customer", "Customer", (("customer_id", "customer_id"),)),),
+    grants=(Grant("customer", rows=OWN_ROWS), Grant("analyst")),
 )
 
 # One-minute tumbling windows; events later than the 30 s watermark are dropped (and
@@ -150,6 +162,7 @@ PRODUCT_SALES = View(
     graphql_type=ProductSales,
     kind=ViewKind.WINDOW,
     indexes=("product_id", "window_start"),
+    grants=(Grant("analyst"),),  # not for customers: the shop's sales
 )
 
 CATALOG: Catalog = Catalog.of(

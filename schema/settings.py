@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -179,6 +179,87 @@ class Settings(BaseSettings):
     gateway_keep_alive_s: float = Field(
         15.0,
         description="Interval of the graphql-ws keep-alive ('ka') messages.",
+    )
+
+    # Rate limits (gateway.rate_limit, gateway.client_limits); 0 turns each off.
+    gateway_rate_limit_per_s: float = Field(
+        0.0,
+        description="Requests per second each client may send to /graphql over HTTP (a token "
+        "bucket in Redis, per bearer token or else per client address); 0 turns it off.",
+    )
+    gateway_rate_limit_burst: int = Field(
+        100, description="Requests a client may send at once before the rate applies."
+    )
+    gateway_client_address_header: str | None = Field(
+        None,
+        description="A header set by a trusted proxy naming the client's address (e.g. "
+        "X-Forwarded-For; its last address counts); default: the connection's address.",
+    )
+    gateway_max_websockets_per_client: int = Field(
+        0, description="Most open websocket connections per client in one gateway process; "
+        "0 is no limit."
+    )
+    gateway_max_subscriptions_per_client: int = Field(
+        0, description="Most subscriptions per client across its websocket connections, in "
+        "one gateway process; 0 is no limit."
+    )
+
+    # Persisted queries (gateway.persisted): Apollo's automatic persisted queries.
+    gateway_persisted_only: bool = Field(
+        False,
+        description="Accept only documents registered by the operator (the manifest or "
+        "`viewgate persist`); clients may not register new ones.",
+    )
+    gateway_persisted_manifest: Path | None = Field(
+        None, description="An Apollo persisted-query manifest whose operations the gateway "
+        "serves (loaded at start-up)."
+    )
+    gateway_persisted_cache_size: int = Field(
+        10_000, description="Persisted documents the gateway keeps in memory (LRU) in front "
+        "of Redis."
+    )
+    gateway_apq_ttl_s: int = Field(
+        7 * 24 * 3600, description="How long Redis keeps a document a client registered "
+        "(automatic persisted queries); operator-registered documents do not expire."
+    )
+
+    # Authentication and authorization (gateway.tokens, gateway.auth, schema.permissions).
+    auth_jwt_secret: SecretStr | None = Field(
+        None,
+        description="Shared secret of HS256 bearer tokens. Set it in the environment only, "
+        "never in a file of the repository.",
+    )
+    auth_jwks: str | None = Field(
+        None,
+        description="RS256 public keys: a JWKS file path or an http(s) URL (fetched and "
+        "cached, auth_jwks_cache_s); a token's `kid` picks the key.",
+    )
+    auth_jwks_cache_s: int = Field(
+        300, description="How long keys fetched from an auth_jwks URL are reused."
+    )
+    auth_issuer: str | None = Field(
+        None, description="If set, tokens must carry this `iss`."
+    )
+    auth_audience: str | None = Field(
+        None, description="If set, tokens must name this audience in `aud`."
+    )
+    auth_role_claim: str = Field(
+        "role",
+        description="Claim (dotted path) holding the token's role, or a list of roles among "
+        "which the `x-viewgate-role` header chooses (default: the first).",
+    )
+    auth_admin_role: str = Field(
+        "admin", description="The role that sees every view, row and field."
+    )
+    auth_anonymous_role: str | None = Field(
+        None,
+        description="Role of requests without a token. Unset (the default): such requests "
+        "get 401 (authentication required). `viewgate up` sets it to the admin role.",
+    )
+    gateway_introspection: bool = Field(
+        True,
+        description="Whether introspection queries (__schema, __type) and /schema.graphql "
+        "are answered.",
     )
 
     # The local development stack (`viewgate up`, `viewgate kafka|redis start`).

@@ -56,9 +56,14 @@ def gateway() -> None:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.persisted import ManifestError
 
     settings = get_settings()
-    uvicorn.run(create_app(settings), host=settings.gateway_host, port=settings.gateway_port)
+    try:
+        app = create_app(settings)
+    except ManifestError as error:  # VIEWGATE_GATEWAY_PERSISTED_MANIFEST cannot be used
+        _fail(error)
+    uvicorn.run(app, host=settings.gateway_host, port=settings.gateway_port)
 
 
 CatalogOption = typer.Option(
@@ -213,6 +218,24 @@ def produce(
         get_settings().kafka_bootstrap, rate=rate, seed=seed, count=count, duration=duration
     )
     console.print(f"produced {sent} events")
+
+
+@app.command()
+def persist(
+    manifest: str = typer.Argument(..., help="An Apollo persisted-query manifest (JSON)."),
+) -> None:
+    """Register a manifest's documents in Redis, for persisted queries (and the only ones
+    run in persisted-only mode); every gateway on that Redis serves them by hash."""
+    from redis.exceptions import RedisError
+
+    from gateway.persisted import ManifestError, load_manifest, store_documents
+
+    try:
+        documents = load_manifest(Path(manifest))
+        store_documents(get_settings().redis_url, documents)
+    except (ManifestError, RedisError) as error:
+        _fail(error)
+    console.print(f"registered {len(documents)} persisted documents from {manifest}")
 
 
 def _service_dir(settings: Settings, name: str, data_dir: Path | None) -> Path:

@@ -26,6 +26,14 @@ FACTORIES = {
     "stock": "viewgate.bench.servers:create_stock_app",
 }
 
+# The benchmarks measure the gateway itself, from one client address: per-client limits
+# off, whatever the environment says.
+LIMITS_OFF = {
+    "VIEWGATE_GATEWAY_RATE_LIMIT_PER_S": "0",
+    "VIEWGATE_GATEWAY_MAX_WEBSOCKETS_PER_CLIENT": "0",
+    "VIEWGATE_GATEWAY_MAX_SUBSCRIPTIONS_PER_CLIENT": "0",
+}
+
 
 def create_stock_app() -> Any:
     """Stock Strawberry over the gateway's schema (uvicorn --factory; settings from the
@@ -61,6 +69,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
     if settings.catalog:
         env["VIEWGATE_CATALOG"] = settings.catalog
+    if settings.auth_anonymous_role is not None:  # the bench and tests send no tokens
+        env["VIEWGATE_AUTH_ANONYMOUS_ROLE"] = settings.auth_anonymous_role
     return env
 
 
@@ -106,7 +116,7 @@ def running(
             port = free_port()
             process = ManagedProcess(
                 f"{name} server", uvicorn_args(FACTORIES[name], port), log_dir / f"{name}.log",
-                env={**settings_env(settings), **(env or {})},
+                env={**settings_env(settings), **LIMITS_OFF, **(env or {})},
             )
             process.start()
             stack.callback(process.stop)

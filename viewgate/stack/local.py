@@ -37,6 +37,8 @@ def run_local_stack(settings: Settings, say: Callable[[str], None] = print) -> i
         "VIEWGATE_KAFKA_BOOTSTRAP": kafka.bootstrap,
         "VIEWGATE_REDIS_URL": redis.url,
         "VIEWGATE_DATA_DIR": str(data),
+        # The demo is open: requests without a token get the admin role unless set otherwise.
+        "VIEWGATE_AUTH_ANONYMOUS_ROLE": settings.auth_anonymous_role or settings.auth_admin_role,
     }
     stoppers: list[Callable[[], None]] = []
     children: list[ManagedProcess] = []

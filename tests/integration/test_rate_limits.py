@@ -1,0 +1,230 @@
+"""Per-client rate limits against the real gateway and Redis: 429 with Retry-After after
+the burst and a request through again after it, on the general and the compiled path,
+separate buckets per token and per address, failing open while Redis is down and limiting
+again once it is back; and limits on
+a client's open websockets and subscriptions (a real uvicorn gateway, both protocols)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from prometheus_client import REGISTRY
+from starlette.testclient import TestClient
+from websockets.exceptions import InvalidStatus
+from ws_clients import GatewayServer, LegacyWS, TransportWS
+
+from gateway.app import create_app
+from viewgate.stack.process import free_port, wait_until
+from viewgate.stack.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+LOOKUP = "query($id: String!) { customer(customerId: $id) { customerId name } }"
+GENERAL = "{ views { name } }"  # a system field: never compiled
+BURST = 3
+LIMITS = {"gateway_rate_limit_per_s": 0.2, "gateway_rate_limit_burst": BURST,
+          "gateway_client_address_header": "X-Forwarded-For"}
+
+
+def _client_headers(token: str | None = None) -> dict[str, str]:
+    """A client of its own: a fresh address (through the trusted proxy header) or token."""
+    if token is not None:
+        return {"authorization": f"Bearer {token}",
+                "x-forwarded-for": f"10.1.{uuid.uuid4().int % 250}.1"}
+    return {"x-forwarded-for": f"192.0.2.{uuid.uuid4().int % 250}, {uuid.uuid4()}"}
+
+
+@pytest.fixture(scope="module")
+def limited(gateway_shop) -> Iterator[TestClient]:
+    settings = gateway_shop.settings.model_copy(update=LIMITS)
+    with TestClient(create_app(settings, gateway_shop.catalog)) as client:
+        yield client
+
+
+def _sample(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+def _until_limited(client: TestClient, body: dict, headers: dict) -> list:
+    """Requests until the first 429 (at most a few past the burst)."""
+    answers = []
+    for _ in range(BURST + 3):
+        answers.append(client.post("/graphql", json=body, headers=headers))
+        if answers[-1].status_code == 429:
+            break
+    return answers
+
+
+def _assert_limited_then_recovers(client: TestClient, body: dict, headers: dict) -> None:
+    answers = _until_limited(client, body, headers)
+    assert [a.status_code for a in answers[:BURST]] == [200] * BURST
+    refused = answers[-1]
+    assert refused.status_code == 429, [a.status_code for a in answers]
+    wait_s = int(refused.headers["retry-after"])
+    assert 1 <= wait_s <= 5  # a token every 5 s at 0.2/s
+    error = refused.json()["errors"][0]
+    assert error["extensions"] == {"code": "RATE_LIMITED", "retryAfter": wait_s}
+    assert "gateway_rate_limit_per_s" in error["message"]
+    # A client that waits as told gets through (the bucket refilled meanwhile).
+    time.sleep(wait_s)
+    again = client.post("/graphql", json=body, headers=headers)
+    assert again.status_code == 200 and "errors" not in again.json()
+
+
+def test_the_general_path_answers_429_after_the_burst_and_serves_after_retry_after(limited):
+    _assert_limited_then_recovers(limited, {"query": GENERAL}, _client_headers())
+
+
+def test_compiled_queries_are_limited_too(limited, gateway_shop):
+    key = sorted(gateway_shop.customers)[0]
+    body = {"query": LOOKUP, "variables": {"id": key}}
+    # Its first clean run (another client) compiles it; later requests take the plan.
+    assert limited.post("/graphql", json=body, headers=_client_headers()).status_code == 200
+    compiled = {"operation": "anonymous", "path": "compiled"}
+    before = _sample("viewgate_gateway_requests_total", compiled)
+    _assert_limited_then_recovers(limited, body, _client_headers())
+    assert _sample("viewgate_gateway_requests_total", compiled) >= before + BURST
+
+
+def test_each_token_and_each_address_has_its_own_bucket(limited):
+    body = {"query": GENERAL}
+    token = uuid.uuid4().hex
+    assert _until_limited(limited, body, _client_headers(token))[-1].status_code == 429
+    # The same token from another address: the same bucket, still refused.
+    assert limited.post("/graphql", json=body,
+                        headers=_client_headers(token)).status_code == 429
+    # Another token, and a request without token from a fresh address: served.
+    assert limited.post("/graphql", json=body,
+                        headers=_client_headers(uuid.uuid4().hex)).status_code == 200
+    address = _client_headers()
+    assert _until_limited(limited, body, address)[-1].status_code == 429
+    assert limited.post("/graphql", json=body, headers=_client_headers()).status_code == 200
+    # GET requests and other endpoints: GET counts, probes and /metrics never do.
+    get = limited.get("/graphql", params={"query": GENERAL}, headers=address)
+    assert get.status_code == 429 and get.headers["retry-after"]
+    assert limited.get("/healthz", headers=address).status_code == 200
+
+
+def test_the_limiter_fails_open_when_redis_is_down(gateway_shop, tmp_path):
+    redis = RedisServer(tmp_path / "redis", free_port())
+    redis.start()
+    try:
+        # Its own Redis, empty: answers come from the shop's Delta tables either way.
+        settings = gateway_shop.settings.model_copy(update={
+            **LIMITS, "gateway_rate_limit_burst": 1, "redis_url": redis.url})
+        with TestClient(create_app(settings, gateway_shop.catalog)) as client:
+            body = {"query": LOOKUP, "variables": {"id": sorted(gateway_shop.customers)[0]}}
+            headers = _client_headers()
+            assert client.post("/graphql", json=body, headers=headers).status_code == 200
+            assert client.post("/graphql", json=body, headers=headers).status_code == 429
+            redis.stop()
+            before = _sample("viewgate_gateway_rate_limit_unavailable_total")
+            for _ in range(3):
+                answer = client.post("/graphql", json=body, headers=headers)
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["data"]["customer"]["customerId"] == body["variables"]["id"]
+            assert _sample("viewgate_gateway_rate_limit_unavailable_total") == before + 3
+            # Redis back (empty, a fresh bucket): once the gateway asks it again, the limit
+            # holds again.
+            redis.start()
+            statuses: list[int] = []
+
+            def limited_again() -> bool:
+                statuses.append(client.post("/graphql", json=body,
+                                            headers=headers).status_code)
+                return statuses[-1] == 429
+            wait_until(limited_again, timeout_s=60, interval_s=0.2,
+                       what="the rate limit to apply again after Redis came back")
+            assert set(statuses) <= {200, 429}
+    finally:
+        redis.stop()
+
+
+# Websockets: a real uvicorn gateway (the handshake's 429 is the server's).
+
+@pytest.fixture(scope="module")
+def ws_gateway(gateway_shop, tmp_path_factory) -> Iterator[GatewayServer]:
+    server = GatewayServer(gateway_shop.settings, tmp_path_factory.mktemp("limits-gateway"),
+                           "gateway-test", VIEWGATE_GATEWAY_MAX_WEBSOCKETS_PER_CLIENT="2",
+                           VIEWGATE_GATEWAY_MAX_SUBSCRIPTIONS_PER_CLIENT="3")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+def test_a_client_past_its_open_websockets_is_refused_with_429(ws_gateway):
+    async def scenario() -> None:
+        first = await TransportWS.open(ws_gateway.url)
+        second = await LegacyWS.open(ws_gateway.url)  # both protocols count
+        with pytest.raises(InvalidStatus) as refused:
+            await TransportWS.open(ws_gateway.url)
+        response = refused.value.response
+        assert response.status_code == 429
+        error = orjson.loads(response.body)["errors"][0]
+        assert error["extensions"]["code"] == "LIMIT_WEBSOCKETS"
+        assert "gateway_max_websockets_per_client" in error["message"]
+        await first.close()
+        # Once the server has seen the close, the client may open one again.
+        third = await _open_when_allowed(TransportWS, ws_gateway.url)
+        await second.close()
+        await third.close()
+    asyncio.run(scenario())
+
+
+async def _open_when_allowed(kind: type, url: str):
+    """A connection, once the server has let go of the client's earlier ones."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await kind.open(url)
+        except InvalidStatus:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+def test_subscriptions_are_limited_per_client_across_its_connections(ws_gateway,
+                                                                      gateway_shop):
+    keys = sorted(gateway_shop.customers)
+    live = 'subscription {{ customer(customerId: "{}") {{ op }} }}'
+
+    async def scenario() -> None:
+        one = await _open_when_allowed(TransportWS, ws_gateway.url)
+        two = await _open_when_allowed(LegacyWS, ws_gateway.url)
+        ops = [await one.subscribe(live.format(keys[0])),
+               await one.subscribe(live.format(keys[1]))]
+        for op in ops:
+            assert (await one.next(op))["customer"]["op"] == "CURRENT"
+        legacy_op = await two.subscribe(live.format(keys[2]))
+        assert (await two.next(legacy_op))["customer"]["op"] == "CURRENT"
+        # The fourth, on either connection: each protocol's error, the connection stays.
+        refused = await one.subscribe(live.format(keys[3]))
+        error = await one.receive()
+        assert (error["type"], error["id"]) == ("error", refused), error
+        assert error["payload"][0]["extensions"]["code"] == "LIMIT_SUBSCRIPTIONS"
+        assert "gateway_max_subscriptions_per_client" in error["payload"][0]["message"]
+        legacy_refused = await two.subscribe(live.format(keys[3]))
+        error = await two.receive()
+        assert (error["type"], error["id"]) == ("error", legacy_refused), error
+        assert error["payload"]["extensions"]["code"] == "LIMIT_SUBSCRIPTIONS"
+        # Completing one gives it back.
+        await one.send({"id": ops[0], "type": "complete"})
+        deadline = time.monotonic() + 30
+        while True:
+            op = await two.subscribe(live.format(keys[3]))
+            message = await two.receive()
+            if message["type"] == "data":
+                assert message["id"] == op and message["payload"]["data"]["customer"]
+                break
+            assert message["payload"]["extensions"]["code"] == "LIMIT_SUBSCRIPTIONS"
+            assert time.monotonic() < deadline, "the completed subscription was not released"
+            await asyncio.sleep(0.1)
+        await one.close()
+        await two.close()
+    asyncio.run(scenario())

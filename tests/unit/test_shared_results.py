@@ -1,0 +1,101 @@
+"""Subscribers asking the same thing of one shared message share one execution."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import strawberry
+
+from gateway.shared_results import SharedResultsExecutor, shared
+
+CALLS: list[str] = []
+
+
+@strawberry.type
+class Message:
+    name: str
+
+    @strawberry.field
+    def greeting(self, punctuation: str = "!") -> str:
+        CALLS.append(self.name)
+        return f"hello {self.name}{punctuation}"
+
+    @strawberry.field
+    async def later(self) -> str:
+        CALLS.append(f"later {self.name}")
+        await asyncio.sleep(0)
+        return self.name
+
+
+@dataclass
+class Context:
+    share_scope: Any = None
+
+
+def make_schema(events: list[Message]) -> strawberry.Schema:
+    @strawberry.type
+    class Query:
+        ping: str = "pong"
+
+    @strawberry.type
+    class Subscription:
+        @strawberry.subscription
+        async def messages(self) -> AsyncIterator[Message]:
+            for event in events:
+                yield event
+
+    return strawberry.Schema(query=Query, subscription=Subscription,
+                             execution_context_class=SharedResultsExecutor)
+
+
+async def collect(schema: strawberry.Schema, query: str, scope: Any = None,
+                  variables: dict | None = None) -> list[Any]:
+    stream = await schema.subscribe(query, variable_values=variables,
+                                    context_value=Context(scope))
+    return [result.data async for result in stream]
+
+
+def run_all(schema: strawberry.Schema, *subscribers: tuple) -> list[list[Any]]:
+    async def main() -> list[list[Any]]:
+        return list(await asyncio.gather(*(collect(schema, *s) for s in subscribers)))
+    return asyncio.run(main())
+
+
+QUERY = "subscription($p: String!) { messages { greeting(punctuation: $p) } }"
+
+
+def test_same_document_and_variables_execute_once_per_shared_message():
+    CALLS.clear()
+    schema = make_schema([shared(Message(name="a")), shared(Message(name="b"))])
+    answers = run_all(schema, *[(QUERY, None, {"p": "!"})] * 5)
+    assert answers == [[{"messages": {"greeting": "hello a!"}},
+                        {"messages": {"greeting": "hello b!"}}]] * 5
+    assert CALLS == ["a", "b"]
+
+
+def test_other_variables_or_scope_execute_apart():
+    CALLS.clear()
+    schema = make_schema([shared(Message(name="a"))])
+    answers = run_all(schema, (QUERY, "role-1", {"p": "!"}), (QUERY, "role-1", {"p": "?"}),
+                      (QUERY, "role-2", {"p": "!"}), (QUERY, "role-1", {"p": "!"}))
+    assert [a[0]["messages"]["greeting"] for a in answers] == [
+        "hello a!", "hello a?", "hello a!", "hello a!"]
+    assert CALLS == ["a", "a", "a"]
+
+
+def test_messages_not_marked_shared_execute_for_each_subscriber():
+    CALLS.clear()
+    schema = make_schema([Message(name="a")])
+    run_all(schema, *[(QUERY, None, {"p": "!"})] * 3)
+    assert CALLS == ["a", "a", "a"]
+
+
+def test_async_fields_are_awaited_once_and_given_to_everyone():
+    CALLS.clear()
+    schema = make_schema([shared(Message(name="a"))])
+    answers = run_all(schema, *[("subscription { messages { later } }",)] * 4)
+    assert answers == [[{"messages": {"later": "a"}}]] * 4
+    assert CALLS == ["later a"]
