@@ -11,8 +11,10 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import jwt
 import orjson
 import pytest
+from pydantic import SecretStr
 from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 from websockets.exceptions import InvalidStatus
@@ -27,8 +29,15 @@ pytestmark = pytest.mark.integration
 LOOKUP = "query($id: String!) { customer(customerId: $id) { customerId name } }"
 GENERAL = "{ views { name } }"  # a system field: never compiled
 BURST = 3
+SECRET = uuid.uuid4().hex  # signs the tokens of this module's clients (HS256)
 LIMITS = {"gateway_rate_limit_per_s": 0.2, "gateway_rate_limit_burst": BURST,
-          "gateway_client_address_header": "X-Forwarded-For"}
+          "gateway_client_address_header": "X-Forwarded-For",
+          "auth_jwt_secret": SecretStr(SECRET)}
+
+
+def _token() -> str:
+    """A valid token of a client of its own."""
+    return jwt.encode({"sub": uuid.uuid4().hex, "role": "admin"}, SECRET, algorithm="HS256")
 
 
 def _client_headers(token: str | None = None) -> dict[str, str]:
@@ -93,14 +102,14 @@ def test_compiled_queries_are_limited_too(limited, gateway_shop):
 
 def test_each_token_and_each_address_has_its_own_bucket(limited):
     body = {"query": GENERAL}
-    token = uuid.uuid4().hex
+    token = _token()
     assert _until_limited(limited, body, _client_headers(token))[-1].status_code == 429
     # The same token from another address: the same bucket, still refused.
     assert limited.post("/graphql", json=body,
                         headers=_client_headers(token)).status_code == 429
     # Another token, and a request without token from a fresh address: served.
     assert limited.post("/graphql", json=body,
-                        headers=_client_headers(uuid.uuid4().hex)).status_code == 200
+                        headers=_client_headers(_token())).status_code == 200
     address = _client_headers()
     assert _until_limited(limited, body, address)[-1].status_code == 429
     assert limited.post("/graphql", json=body, headers=_client_headers()).status_code == 200
