@@ -42,6 +42,7 @@ from viewgate.bench.engine import (
     wait_started,
 )
 from viewgate.bench.gateway import customer_rows
+from viewgate.bench.load import cpu_seconds
 from viewgate.bench.report import Figure, Plot
 from viewgate.bench.runner import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.servers import running
@@ -63,6 +64,8 @@ FIGURES = (
            below=1),
     Figure("fanout_from_event_s", "the same change, produced -> last copy", "s"),
     Figure("subscription_rss_kb", "gateway memory per subscription", "KiB"),
+    Figure("fanout_gateway_cpu_s", "the fan-out's CPU time in the gateway", "s"),
+    Figure("fanout_clients_cpu_s", "the fan-out's CPU time in the client processes", "s"),
 )
 
 
@@ -181,12 +184,14 @@ def measure_fanout(ctx: BenchContext, settings: Settings, catalog: Catalog, port
             if not ready.wait(max(0.0, deadline - time.monotonic())):
                 raise BenchError(f"{total:,} subscriptions were not all open within 300 s")
         rss_after = _rss_kb(gateway_pid)
+        gateway_cpu = cpu_seconds(gateway_pid)
         row = dict(rows[key], name=marker)
         produced_ms = time.time() * 1000
         produce_records(settings.kafka_bootstrap, [(catalog.sources["customers"].topic, key,
                                                     json.dumps(row).encode())], catalog)
         ctx.say(f"updated customer {key}; waiting for {total:,} copies")
         outcomes = [w.result(timeout_s=120) for w in workers]
+        gateway_cpu = cpu_seconds(gateway_pid) - gateway_cpu
     finally:
         stop.set()
         for worker in workers:
@@ -205,6 +210,10 @@ def measure_fanout(ctx: BenchContext, settings: Settings, catalog: Catalog, port
         "fanout_from_event_s": round((received[-1] - produced_ms) / 1000, 3),
         "fanout_first_copy_s": round((received[0] - produced_ms) / 1000, 3),
         "subscription_rss_kb": round((rss_after - rss_before) / total, 2),
+        # Who the fan-out kept busy: the gateway, and the clients reading the copies (on
+        # the same cores): CPU seconds from the update to the last copy.
+        "fanout_gateway_cpu_s": round(gateway_cpu, 3),
+        "fanout_clients_cpu_s": round(sum(o["cpu_s"] for o in outcomes), 3),
         "gateway_rss_kb": {"before": rss_before, "with_subscriptions": rss_after},
     }
 

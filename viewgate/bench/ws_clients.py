@@ -103,7 +103,7 @@ def hold_live(url: str, connections: int, per_connection: int, query: str,
     is set. Afterwards, records when each subscription receives a message whose JSON
     contains every string of `wanted` (the awaited change), until all have or `stop`.
     Returns {"initial": subscriptions that got their current value, "received": [ms, ...],
-    "failed": [the first reasons]}."""
+    "failed": [the first reasons], "cpu_s": this process's CPU seconds from `ready` on}."""
 
     async def main() -> dict[str, Any]:
         total = connections * per_connection
@@ -149,12 +149,15 @@ def hold_live(url: str, connections: int, per_connection: int, query: str,
         while not all_initial.is_set() and not stop.is_set() and len(failed) < total:
             await asyncio.sleep(0.05)  # polls a cross-process Event: no await-able form
         ready.set()
+        cpu_at_ready = time.process_time()
         while not all_received.is_set() and not stop.is_set():
             await asyncio.sleep(0.05)
+        cpu_s = time.process_time() - cpu_at_ready  # reading the change, mostly
         stop.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        return {"initial": initial, "received": received, "failed": failed[:5]}
+        return {"initial": initial, "received": received, "failed": failed[:5],
+                "cpu_s": cpu_s}
 
     return asyncio.run(main())
