@@ -56,9 +56,11 @@ def gateway() -> None:
     import uvicorn
 
     from gateway.app import create_app
+    from viewgate.serving import uvicorn_options
 
     settings = get_settings()
-    uvicorn.run(create_app(settings), host=settings.gateway_host, port=settings.gateway_port)
+    uvicorn.run(create_app(settings), host=settings.gateway_host, port=settings.gateway_port,
+                **uvicorn_options(settings))
 
 
 CatalogOption = typer.Option(
