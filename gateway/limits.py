@@ -36,6 +36,7 @@ from strawberry.extensions import (
 
 from gateway.expansion import guarded_rules
 from gateway.filters import QueryError
+from gateway.operation_choice import RequireOperationName
 from schema.settings import Settings
 
 PAGED_ARGUMENTS = ("first", "last")
@@ -54,6 +55,7 @@ def schema_extensions(settings: Settings) -> list[Callable[[], SchemaExtension]]
         lambda: AddValidationRules(guarded),
         lambda: ParserCache(maxsize=size),
         lambda: ValidationCache(maxsize=size),
+        RequireOperationName,
         lambda: CostLimiter(settings),
     ]
 

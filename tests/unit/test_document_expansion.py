@@ -64,3 +64,16 @@ def test_the_guarded_limiters_still_apply_below_the_limit():
     cycle = SCHEMA.execute_sync("{ c { ...A } } fragment A on C { ...B } "
                                 "fragment B on C { ...A }")
     assert "within itself" in cycle.errors[0].message
+
+
+def test_several_operations_need_an_operation_name():
+    from gateway.operation_choice import RequireOperationName
+
+    schema = strawberry.Schema(Query, extensions=[RequireOperationName])
+    result = schema.execute_sync("query A { c { id } } query B { c { name } }")
+    assert result.data is None
+    assert [e.extensions["code"] for e in result.errors] == ["OPERATION_NAME_REQUIRED"]
+    named = schema.execute_sync("query A { c { id } } query B { c { name } }",
+                                operation_name="B")
+    assert named.data == {"c": {"name": "c"}}
+    assert schema.execute_sync("query A { c { id } }").data == {"c": {"id": 1}}

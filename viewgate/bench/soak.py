@@ -78,7 +78,7 @@ def memory_growth(samples: Sequence[tuple[float, float]], duration_s: float
     if not baseline or not final:
         return None
     first, last = statistics.median(baseline), statistics.median(final)
-    return {"window_s": round(window, 1), "baseline_kb": first, "final_kb": last,
+    return {"window_s": round(window, 2), "baseline_kb": first, "final_kb": last,
             "growth": round(last / first - 1, 4)}
 
 
