@@ -540,3 +540,28 @@ def test_the_bystander_still_gets_live_changes_and_memory_stayed_bounded(spark, 
                timeout_s=TIMEOUT_S, what="the change on both protocols")
     bystander.check()
     assert rss_mb(gateway) < 1024, "the gateway's memory grew without bound"
+
+
+def test_past_the_connection_limit_new_requests_get_503(shop, bystander, tmp_path):
+    """uvicorn's limit_concurrency, from gateway_max_connections (viewgate.serving): idle
+    connections held open by one client cannot make the process take unbounded more."""
+    settings = shop.settings.model_copy(update={"gateway_max_connections": 20})
+    server = GatewayServer(settings, tmp_path, PREFIX).start()
+    held: list[socket.socket] = []
+    try:
+        url = f"http://127.0.0.1:{server.port}/graphql"
+        body = {"query": "{ views { name } }"}
+        assert httpx.post(url, json=body, timeout=TIMEOUT_S).status_code == 200
+        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(25)]
+        wait_until(lambda: httpx.post(url, json=body, timeout=TIMEOUT_S).status_code == 503,
+                   timeout_s=TIMEOUT_S, what="503 past 20 connections")
+        for sock in held:
+            sock.close()
+        wait_until(lambda: httpx.post(url, json=body, timeout=TIMEOUT_S).status_code == 200,
+                   timeout_s=TIMEOUT_S, what="answers again once the connections closed")
+        assert server.process.alive()
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+    bystander.check()
