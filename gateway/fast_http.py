@@ -38,7 +38,7 @@ class FastEntry:
         self.app = app
         self.graphql = graphql
         self.path = path
-        self.max_body = graphql.settings.gateway_max_document_bytes * 4
+        self.max_body = graphql.settings.gateway_max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         fast = self.graphql.fast

@@ -31,6 +31,7 @@ from strawberry.types.graphql import OperationType
 
 from gateway.access import unauthorized
 from gateway.auth import Principal, Unauthenticated
+from gateway.body import BadContentLength, BodyTooLarge, read_limited
 from gateway.fastpath import FastPath
 from gateway.filters import QueryError
 from gateway.freshness import parse_min_versions, wait_for_versions
@@ -172,7 +173,10 @@ class GraphQLHTTP:
             graphql_request = parse_params(params, self.settings.gateway_max_document_bytes)
         except BadRequest as exc:
             ERRORS.labels("BAD_REQUEST").inc()
-            return request_error(str(exc), media, exc.status)
+            response = request_error(str(exc), media, exc.status)
+            if exc.status == 413:  # uvicorn then closes rather than drain the rest
+                response.headers["connection"] = "close"
+            return response
         except PersistedQueryError as exc:
             ERRORS.labels(exc.code).inc()
             return request_error(str(exc), media, exc.status, exc.code)
@@ -193,10 +197,13 @@ class GraphQLHTTP:
         if content_type != JSON:
             raise BadRequest(f"POST needs Content-Type {JSON}, not {content_type or 'none'}",
                              status=415)
-        body = await request.body()
-        if len(body) > self.settings.gateway_max_document_bytes * 4:
-            raise BadRequest("the request body is too large "
-                             "(gateway_max_document_bytes)", status=413)
+        try:
+            body = await read_limited(request, self.settings.gateway_max_body_bytes,
+                                      "gateway_max_body_bytes")
+        except BodyTooLarge as exc:
+            raise BadRequest(str(exc), status=413) from None
+        except BadContentLength as exc:
+            raise BadRequest(str(exc)) from None
         try:
             params = orjson.loads(body)
         except orjson.JSONDecodeError:

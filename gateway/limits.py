@@ -35,7 +35,9 @@ from strawberry.extensions import (
     ValidationCache,
 )
 
+from gateway.expansion import guarded_rules
 from gateway.filters import QueryError
+from gateway.operation_choice import RequireOperationName
 from schema.settings import Settings
 
 PAGED_ARGUMENTS = ("first", "last")
@@ -45,13 +47,16 @@ def schema_extensions(settings: Settings) -> list[Callable[[], SchemaExtension]]
     """Per-request extension factories (Strawberry sets per-request state on them)."""
     depth = QueryDepthLimiter(max_depth=settings.gateway_max_depth).validation_rules
     aliases = MaxAliasesLimiter(max_alias_count=settings.gateway_max_aliases).validation_rules
+    # The depth and alias limiters expand every fragment spread: a fragment-spread bomb
+    # is refused (gateway.expansion) before they see it.
+    guarded = [guarded_rules([*depth, *aliases], settings.gateway_max_fields)]
     size = settings.gateway_document_cache_size
     extensions: list[Callable[[], SchemaExtension]] = [
         lambda: MaxTokensLimiter(max_token_count=settings.gateway_max_tokens),
-        lambda: AddValidationRules(depth),
-        lambda: AddValidationRules(aliases),
+        lambda: AddValidationRules(guarded),
         lambda: ParserCache(maxsize=size),
         lambda: ValidationCache(maxsize=size),
+        RequireOperationName,
         lambda: CostLimiter(settings),
     ]
     if not settings.gateway_introspection:

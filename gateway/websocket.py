@@ -46,6 +46,11 @@ async def parse_errors_as_results(source: AsyncGenerator[Any, None]) -> AsyncGen
         await source.aclose()
 
 
+# What a text frame that is not JSON decodes to (GraphQLWebSocket.decode_json): the legacy
+# handler would otherwise drop it without a word; both handlers answer it below.
+NOT_JSON = object()
+
+
 class TransportWSHandler(BaseGraphQLTransportWSHandler):
     @staticmethod
     def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
@@ -71,6 +76,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler):
             self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
 
     async def handle_message(self, message: Any) -> None:
+        if message is NOT_JSON:
+            await self.handle_invalid_message("WebSocket message must be valid JSON")
+            return
         if not isinstance(message, dict):  # valid JSON, but no message: malformed (4400)
             await self.handle_invalid_message("a message must be a JSON object")
             return
@@ -110,6 +118,8 @@ class LegacyWSHandler(BaseGraphQLWSHandler):
                 return
             except (KeyError, TypeError):
                 problem = f"malformed {kind} message"
+        elif message is NOT_JSON:
+            problem = "the message is not valid JSON"
         else:
             problem = f"invalid message type {kind!r}"
         op = message.get("id") if isinstance(message, dict) else None
@@ -161,6 +171,12 @@ class GraphQLWebSocket(GraphQL):
             await super().__call__(scope, receive, send)
         finally:
             WEBSOCKETS.dec()
+
+    def decode_json(self, data: str | bytes) -> object:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return NOT_JSON
 
     def encode_json(self, data: object) -> str:
         # orjson, as for HTTP answers; text frames, which every client reads.

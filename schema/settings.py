@@ -118,6 +118,24 @@ class Settings(BaseSettings):
     gateway_max_document_bytes: int = Field(
         50_000, description="Largest query document (bytes) the gateway parses."
     )
+    gateway_max_body_bytes: int = Field(
+        200_000,
+        description="Largest HTTP request body and websocket message (bytes) the gateway "
+        "takes: a longer body is refused with 413 before it is read (by its Content-Length, "
+        "or as soon as a chunked body passes it), a longer websocket message closes the "
+        "connection (1009).",
+    )
+    gateway_max_fields: int = Field(
+        5_000,
+        description="Most fields a document may select once its fragments are expanded "
+        "(a fragment spread counts its fragment's fields each time): bounds fragment-spread "
+        "bombs before any other check walks them.",
+    )
+    gateway_max_connections: int = Field(
+        10_000,
+        description="Most connections and requests in flight one gateway process takes "
+        "(uvicorn's limit_concurrency); past it, new HTTP requests get 503.",
+    )
     gateway_max_page_size: int = Field(
         500, description="Largest `first`/`last` of a list or a to-many relationship."
     )

@@ -57,13 +57,15 @@ def gateway() -> None:
 
     from gateway.app import create_app
     from gateway.persisted import ManifestError
+    from viewgate.serving import uvicorn_options
 
     settings = get_settings()
     try:
         app = create_app(settings)
     except ManifestError as error:  # VIEWGATE_GATEWAY_PERSISTED_MANIFEST cannot be used
         _fail(error)
-    uvicorn.run(app, host=settings.gateway_host, port=settings.gateway_port)
+    uvicorn.run(app, host=settings.gateway_host, port=settings.gateway_port,
+                **uvicorn_options(settings))
 
 
 CatalogOption = typer.Option(

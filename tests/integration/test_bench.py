@@ -82,3 +82,38 @@ def test_subscriptions_group_reports_every_figure(spark, settings, tmp_path):
     assert written["fanout_subscriptions"] == TINY.fanout
     assert set(written["freshness_by_view"]) == {"Customer", "Order", "CustomerStats",
                                                  "ProductSales"}
+
+
+def test_the_soak_runs_end_to_end_tiny(spark, settings, tmp_path):
+    """`viewgate bench --soak` in a tiny configuration: the stack, the probe, live
+    subscriptions, load at half the probe's rate, memory samples, soak.json and its plot."""
+    from rich.console import Console
+
+    from viewgate.bench.soak import SoakSizes, measure, write_report
+    from viewgate.stack.process import free_port
+    from viewgate.stack.redis_server import RedisServer
+
+    # A Redis of its own: the soak takes a database like the groups, and the session's
+    # databases are all taken by other tests.
+    redis = RedisServer(tmp_path / "redis", free_port()).start()
+    try:
+        ctx = BenchContext(settings.model_copy(update={"redis_url": redis.url}), TINY,
+                           tmp_path / "work", spark_session=spark)
+        sizes = SoakSizes(minutes=0.25, probe_s=1, probe_warmup_s=0.3, subscriptions=40,
+                          connections=4, demo_rate=20, sample_s=1)
+        report = write_report(measure(ctx, sizes), tmp_path / "bench", Console())
+    finally:
+        redis.stop()
+    written = results.load(tmp_path / "bench" / "soak.json")
+    assert written["query_point_rps"] > 0
+    assert abs(written["rate"] - max(1, written["query_point_rps"] / 2)) <= 1  # half
+    assert written["answered"] == written["requests"] > 0
+    assert written["subscriptions"] == 40
+    assert written["subscription_current"] + written["subscriptions_not_found"] == 40
+    assert set(written["errors"]) >= {"http_wrong_answers", "websocket_closes",
+                                      "stale_versions", "engine_queries_stopped"}
+    assert len(written["rss_kb"]["gateway"]) >= 10  # every second for 15 s
+    assert written["memory_growth"]["gateway"]["window_s"] == 3.75
+    assert written["latency_over_time"]
+    assert written["passed"] == (not report["problems"])
+    assert (tmp_path / "bench" / "soak.png").stat().st_size > 0

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import jwt
 import orjson
 import pytest
-from pydantic import SecretStr
 from prometheus_client import REGISTRY
+from pydantic import SecretStr
 from starlette.testclient import TestClient
 from websockets.exceptions import InvalidStatus
 from ws_clients import GatewayServer, LegacyWS, TransportWS

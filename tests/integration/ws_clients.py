@@ -29,7 +29,7 @@ class GatewayServer:
         self.port = free_port()
         self.process = ManagedProcess(
             f"gateway-{self.port}",
-            uvicorn_args(FACTORIES["gateway"], self.port),
+            uvicorn_args(FACTORIES["gateway"], self.port, settings),
             log_dir / f"gateway-{self.port}.log",
             env={
                 **settings_env(settings),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -28,6 +29,12 @@ def bench(
     gateway_latency_seconds: float = typer.Option(None, help="Seconds of each fixed-rate run."),
     fanout: int = typer.Option(None, help="Live subscriptions one change is fanned out to."),
     fanout_connections: int = typer.Option(None, help="Websockets holding them."),
+    soak: bool = typer.Option(False, "--soak", help="Instead of the groups: the soak, at "
+                              "half the measured capacity with subscriptions open, into "
+                              "<out>/soak.json and soak.png."),
+    minutes: float = typer.Option(10.0, "--minutes", help="How long the soak runs."),
+    soak_subscriptions: int = typer.Option(2_000, help="Live subscriptions during the soak."),
+    soak_connections: int = typer.Option(200, help="Websockets holding them."),
 ) -> None:
     """Measure viewgate on this machine: start Kafka and Redis of its own, run each group,
     merge the figures into <out>/results.json, print a table and save PNG plots."""
@@ -39,6 +46,9 @@ def bench(
     from viewgate.stack.errors import StackError
 
     console = Console()
+    if soak:
+        _soak(console, out, minutes, soak_subscriptions, soak_connections)
+        return
     if quick and full:
         console.print("[red]error:[/red] choose --quick or --full, not both")
         raise typer.Exit(2)
@@ -70,3 +80,25 @@ def bench(
     except (BenchError, StackError, WorkerError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
+
+
+def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
+          connections: int) -> None:
+    from schema.settings import get_settings
+    from viewgate.bench.runner import BenchError
+    from viewgate.bench.soak import SoakSizes, run_soak
+    from viewgate.bench.workers import WorkerError
+    from viewgate.stack.errors import StackError
+
+    if minutes <= 0 or subscriptions < 1 or connections < 1:
+        console.print("[red]error:[/red] --minutes, --soak-subscriptions and "
+                      "--soak-connections must be positive")
+        raise typer.Exit(2)
+    sizes = SoakSizes(minutes=minutes, subscriptions=subscriptions, connections=connections)
+    try:
+        report = run_soak(get_settings(), sizes, out, console)
+    except (BenchError, StackError, WorkerError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+    if not report["passed"]:
+        raise typer.Exit(1)

@@ -263,6 +263,7 @@ def open_loop(
         lag: list[float] = [0.0] * len(due_at)
         window = _Window(watch_pids)
         bad = 0
+        bad_statuses: dict[int, int] = {}  # wrong answers by HTTP status
         errors: list[str] = []
         start = time.perf_counter() + 0.05
         counted_from = start + warmup_s
@@ -279,6 +280,7 @@ def open_loop(
                 latency[i] = (time.perf_counter() - min(due, sent)) * 1000
                 if not answer_ok(status, body, must, must_not):
                     bad += 1
+                    bad_statuses[status] = bad_statuses.get(status, 0) + 1
                     if len(errors) < 3:
                         errors.append(f"{status} {body[:300]!r}")
 
@@ -304,6 +306,7 @@ def open_loop(
         measured = [v for v in latency[first:] if v is not None]
         return {**window.report(), "latency_ms": measured, "send_lag_ms": lag[first:],
                 "due": len(due_at) - first, "answered": len(measured), "bad": bad,
+                "bad_statuses": bad_statuses,
                 "errors": errors}
 
     return _run(main())

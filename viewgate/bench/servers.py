@@ -74,9 +74,14 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def uvicorn_args(factory: str, port: int) -> list[str]:
+def uvicorn_args(factory: str, port: int, settings: Settings | None = None) -> list[str]:
+    """The uvicorn command line of a server; with `settings`, the gateway's limits too
+    (viewgate.serving), as `viewgate gateway` applies them."""
+    from viewgate.serving import uvicorn_flags
+
     args = [sys.executable, "-m", "uvicorn", "--factory", factory, "--host", "127.0.0.1",
-            "--port", str(port), "--workers", "1", "--no-access-log", "--log-level", "warning"]
+            "--port", str(port), "--workers", "1", "--no-access-log", "--log-level", "warning",
+            *(uvicorn_flags(settings) if settings is not None else [])]
     if importlib.util.find_spec("uvloop"):
         args += ["--loop", "uvloop"]
     if importlib.util.find_spec("httptools"):
@@ -115,7 +120,8 @@ def running(
         for name in names:
             port = free_port()
             process = ManagedProcess(
-                f"{name} server", uvicorn_args(FACTORIES[name], port), log_dir / f"{name}.log",
+                f"{name} server", uvicorn_args(FACTORIES[name], port, settings),
+                log_dir / f"{name}.log",
                 env={**settings_env(settings), **LIMITS_OFF, **(env or {})},
             )
             process.start()

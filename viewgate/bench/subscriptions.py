@@ -92,7 +92,7 @@ def _rss_kb(pid: int) -> int:
     raise BenchError(f"no VmRSS for process {pid}")
 
 
-def _seed(settings: Settings, catalog: Catalog) -> None:
+def seed_customers(settings: Settings, catalog: Catalog) -> None:
     """Customers for the live subscriptions, through Kafka like every other event."""
     from viewgate.bench.gateway import produce_records
     from viewgate.demo_events import generate
@@ -226,7 +226,7 @@ def run(ctx: BenchContext) -> GroupResult:
     catalog = catalog_on_topics(demo.CATALOG, TOPIC_PREFIX)
     spark = ctx.spark()
     ctx.say(f"starting the engine on the demo views ({', '.join(catalog.views)})")
-    _seed(settings, catalog)
+    seed_customers(settings, catalog)
     with commit_timings() as timings:
         queries = start_all(spark, settings, catalog)
         try:

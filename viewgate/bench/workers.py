@@ -49,6 +49,10 @@ class Worker:
         self.process.start()
         child_conn.close()
 
+    def done(self, timeout_s: float) -> bool:
+        """Whether its result (or failure) is in, waiting up to `timeout_s` for it."""
+        return self._conn.poll(timeout_s)
+
     def result(self, timeout_s: float) -> Any:
         if not self._conn.poll(timeout_s):
             alive = self.process.is_alive()

@@ -161,3 +161,81 @@ def hold_live(url: str, connections: int, per_connection: int, query: str,
                 "cpu_s": cpu_s}
 
     return asyncio.run(main())
+
+
+def hold_and_count(url: str, connections: int, per_connection: int, query: str, field: str,
+                   keys: Sequence[str], ready: Any, stop: Any) -> dict[str, Any]:
+    """For the soak: open `connections` websockets with `per_connection` live
+    subscriptions each (`query` with {"id": key}, keys taken in turn), and count what
+    they get until `stop`: current values, changes, GraphQL or protocol errors, closes
+    the client did not ask for, and changes whose `version` did not grow (a repeated or
+    older version of the subscription's key). A key deleted before its subscription
+    started is answered NOT_FOUND: counted apart (`not_found`), it is no error. `ready` is
+    set once every subscription has had its first answer."""
+
+    async def main() -> dict[str, Any]:
+        import websockets
+
+        total = connections * per_connection
+        counts = dict.fromkeys(("current", "changes", "errors", "not_found", "closes",
+                                "stale_versions"), 0)
+        samples: list[str] = []
+
+        def note(kind: str, text: str) -> None:
+            counts[kind] += 1
+            if len(samples) < 5:
+                samples.append(f"{kind}: {text[:300]}")
+
+        def answered() -> int:
+            return counts["current"] + counts["errors"] + counts["not_found"] + counts["closes"]
+
+        async def one(index: int) -> None:
+            try:
+                ws = await _open(url)
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                for _ in range(per_connection):
+                    note("closes", f"connect: {exc}")
+                return
+            last: dict[str, int] = {}
+            try:
+                for j in range(per_connection):
+                    key = keys[(index * per_connection + j) % len(keys)]
+                    await _subscribe(ws, str(j), query, {"id": key})
+                while True:
+                    message = await _operation_message(ws, await ws.recv())
+                    if message is None:
+                        continue
+                    sub = message["id"]
+                    text = json.dumps(message.get("payload"))
+                    if message["type"] == "error" or message["payload"].get("errors"):
+                        note("not_found" if sub not in last and "NOT_FOUND" in text
+                             else "errors", text)
+                        last.setdefault(sub, -1)
+                        continue
+                    version = int(message["payload"]["data"][field]["version"])
+                    if sub not in last:
+                        counts["current"] += 1
+                    else:
+                        counts["changes"] += 1
+                        if version <= last[sub]:
+                            note("stale_versions", f"{sub}: {version} after {last[sub]}")
+                    last[sub] = version
+            except websockets.ConnectionClosed as exc:
+                if not stop.is_set():
+                    for _ in range(per_connection):
+                        note("closes", str(exc))
+            finally:
+                await ws.close()
+
+        tasks = [asyncio.create_task(one(i)) for i in range(connections)]
+        while answered() < total and not stop.is_set():
+            await asyncio.sleep(0.05)  # polls a cross-process Event: no await-able form
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.2)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return {**counts, "subscriptions": total, "samples": samples}
+
+    return asyncio.run(main())

@@ -1,0 +1,39 @@
+"""The soak's figures: memory growth between windows, latency over time, the verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from viewgate.bench.soak import growth_window, latency_over_time, memory_growth, verdict
+
+
+def test_growth_compares_the_last_window_with_the_one_after_the_warm_up():
+    # 10 minutes sampled every 5 s: 60 s windows. The warm-up (0-60 s) is left out.
+    samples = [(t, 500.0 if t < 60 else 100.0 if t < 540 else 105.0) for t in range(0, 600, 5)]
+    growth = memory_growth(samples, 600)
+    assert growth == {"window_s": 60, "baseline_kb": 100.0, "final_kb": 105.0, "growth": 0.05}
+
+
+def test_short_runs_use_a_quarter_of_the_run_and_need_samples_in_both_windows():
+    assert growth_window(60) == 15
+    assert growth_window(3600) == 60
+    assert memory_growth([(t, 100.0) for t in range(0, 60, 5)], 60)["growth"] == 0
+    assert memory_growth([(0, 100.0), (59, 120.0)], 60) is None
+
+
+def test_latency_over_time_buckets_by_when_requests_were_due():
+    # 10 requests/s for 3 s, 1 s buckets: the second second is slow.
+    latency = [1.0] * 10 + [50.0] * 10 + [2.0] * 10
+    buckets = latency_over_time(latency, rate=10, bucket_s=1)
+    assert [b["t_s"] for b in buckets] == [0, 1, 2]
+    assert [b["p50_ms"] for b in buckets] == [1.0, 50.0, 2.0]
+
+
+@pytest.mark.parametrize(("errors", "growth", "problems"), [
+    ({"http_wrong_answers": 0}, {"growth": 0.02}, []),
+    ({"http_wrong_answers": 3, "websocket_closes": 0}, {"growth": 0.0}, ["3 http_wrong_answers"]),
+    ({}, {"growth": 0.10}, ["gateway memory grew 10.0% (limit 10%)"]),
+    ({}, None, ["too few memory samples to measure growth"]),
+])
+def test_the_verdict_names_every_problem(errors, growth, problems):
+    assert verdict(errors, growth) == problems

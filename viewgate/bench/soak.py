@@ -1,0 +1,367 @@
+"""`viewgate bench --soak`: the gateway at half its measured capacity for minutes, with
+live subscriptions open and the engine fed demo traffic; every error counted and the
+memory of the gateway and of the engine's driver sampled.
+
+The stack: Kafka and Redis of the run's own (runner.bench_stack), the demo views in the
+engine (Spark in the soak's process, engine.runner.start_all), a producer process writing
+demo traffic (`demo_rate` events/s: customer changes, orders, deletes), the gateway as
+`viewgate gateway` serves it (one uvicorn worker, the gateway's uvicorn limits).
+
+1. Probe: point lookups at saturation (load.closed_loop, `probe_s`): `query_point_rps`.
+2. Subscriptions: `subscriptions` live `customer(customerId:)` subscriptions over
+   `connections` websockets (ws_clients.hold_and_count), spread over every customer, so
+   the demo's customer changes reach them throughout.
+3. Soak: for `minutes`, open-loop load (load.open_loop) at half of `query_point_rps`: point
+   lookups, one request in `list_share` a list page (10 customers). Every `sample_s` the
+   resident memory (VmRSS) of the gateway, of the engine's JVM and of its Python driver.
+
+Errors: wrong HTTP answers (not 200, or GraphQL `errors`), subscription errors, websocket
+closes the client did not ask for, changes whose version did not grow, and engine queries
+that stopped. Memory growth: the median RSS over the last `window` seconds against the
+median over the `window` after a warm-up of `window`, where `window` is 60 s (a quarter
+of the run when it is shorter than 4 minutes). Pass: no error, gateway growth under 10%.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from schema import demo
+from schema.settings import Settings
+from viewgate.bench.stats import percentile
+
+TOPIC_PREFIX = "bench-soak"
+GROWTH_LIMIT = 0.10
+WINDOW_S = 60.0
+PROBE_CONNECTIONS = 32
+LOAD_CONNECTIONS = 64
+SUBSCRIBER_WORKERS = 2
+LIST_QUERY = ("query Page { customers(first: 10) "
+              "{ totalCount edges { node { customerId name tier } } } }")
+
+
+@dataclass(frozen=True)
+class SoakSizes:
+    minutes: float = 10.0
+    probe_s: float = 5.0
+    probe_warmup_s: float = 1.0
+    subscriptions: int = 2_000
+    connections: int = 200
+    list_share: int = 10  # one request in this many is a list page
+    demo_rate: float = 50.0  # demo events per second into the engine, all along
+    sample_s: float = 5.0
+
+
+# --- Pure figures -----------------------------------------------------------------------
+
+
+def growth_window(duration_s: float) -> float:
+    return min(WINDOW_S, duration_s / 4)
+
+
+def memory_growth(samples: Sequence[tuple[float, float]], duration_s: float
+                  ) -> dict[str, float] | None:
+    """From (seconds since the start, KiB) samples: the median of the last window
+    against the median of the window after the warm-up window. None without samples in
+    both."""
+    window = growth_window(duration_s)
+    baseline = [kb for t, kb in samples if window <= t < 2 * window]
+    final = [kb for t, kb in samples if t >= duration_s - window]
+    if not baseline or not final:
+        return None
+    first, last = statistics.median(baseline), statistics.median(final)
+    return {"window_s": round(window, 2), "baseline_kb": first, "final_kb": last,
+            "growth": round(last / first - 1, 4)}
+
+
+def latency_over_time(latency_ms: Sequence[float], rate: float, bucket_s: float
+                      ) -> list[dict[str, float]]:
+    """Request i of an open-loop run was due at i / rate s: p50 and p99 per bucket."""
+    per_bucket = max(1, round(rate * bucket_s))
+    out = []
+    for start in range(0, len(latency_ms), per_bucket):
+        chunk = latency_ms[start:start + per_bucket]
+        out.append({"t_s": round(start / rate, 2), "p50_ms": round(percentile(chunk, 50), 3),
+                    "p99_ms": round(percentile(chunk, 99), 3)})
+    return out
+
+
+def verdict(errors: dict[str, int], growth: dict[str, Any] | None) -> list[str]:
+    """Why the soak failed; empty when it passed."""
+    problems = [f"{count} {kind}" for kind, count in errors.items() if count]
+    if growth is None:
+        problems.append("too few memory samples to measure growth")
+    elif growth["growth"] >= GROWTH_LIMIT:
+        problems.append(f"gateway memory grew {growth['growth']:.1%} (limit "
+                        f"{GROWTH_LIMIT:.0%})")
+    return problems
+
+
+# --- The run ----------------------------------------------------------------------------
+
+
+def _rss_kb(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _jvm_pid(spark: Any) -> int | None:
+    """The pid of the engine's JVM (PySpark starts it as a child of the driver)."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    return proc.pid if proc is not None else None
+
+
+def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
+    """The soak in this process (Spark here); returns the report (see the module doc)."""
+    import os
+
+    from engine.runner import start_all
+    from viewgate.bench.engine import catalog_on_topics, wait_started
+    from viewgate.bench.gateway import customer_rows, point_body
+    from viewgate.bench.load import closed_loop, open_loop, post_request
+    from viewgate.bench.runner import BenchError
+    from viewgate.bench.servers import running
+    from viewgate.bench.subscriptions import LIVE_CUSTOMER, seed_customers
+    from viewgate.bench.workers import Worker, new_event, produce_paced
+    from viewgate.bench.ws_clients import hold_and_count
+    from viewgate.stack.process import wait_until
+
+    settings = ctx.isolated("soak")
+    catalog = catalog_on_topics(demo.CATALOG, TOPIC_PREFIX)
+    renamed = {demo.CATALOG.sources[n].topic: s.topic for n, s in catalog.sources.items()}
+    duration_s = sizes.minutes * 60
+    spark = ctx.spark()
+    seed_customers(settings, catalog)
+    ctx.say(f"starting the engine on the demo views ({', '.join(catalog.views)})")
+    queries = start_all(spark, settings, catalog)
+    workers: list[Worker] = []
+    stop = new_event()
+    try:
+        wait_started(queries, 300)
+        # Demo traffic for as long as anything could take; stopped at the end.
+        workers.append(Worker("producer", produce_paced, settings.kafka_bootstrap, renamed,
+                              sizes.demo_rate, duration_s + 3600, 17))
+        with running(["gateway"], settings, ctx.workdir / "servers") as servers:
+            gateway = servers["gateway"]
+            wait_until(lambda: len(customer_rows(settings)) > 0, timeout_s=300,
+                       what="the Customer view's first rows")
+            keys = sorted(customer_rows(settings))
+            host, port = "127.0.0.1", gateway.port
+            points = [post_request(host, port, "/graphql", point_body(k)) for k in keys]
+            listed = post_request(host, port, "/graphql",
+                                  json.dumps({"query": LIST_QUERY}).encode())
+
+            ctx.say(f"probe: point lookups at saturation for {sizes.probe_s:.0f} s")
+            probe = Worker("probe", closed_loop, host, port, points, PROBE_CONNECTIONS,
+                           sizes.probe_warmup_s, sizes.probe_s, b'"data"', [b'"errors"'],
+                           [gateway.pid]).result(timeout_s=sizes.probe_s + 120)
+            if probe["bad"]:
+                raise BenchError(f"the probe got wrong answers: {probe['errors']}")
+            rate = max(1.0, float(int(probe["rps"] / 2)))
+
+            per_worker = max(1, sizes.connections // SUBSCRIBER_WORKERS)
+            per_connection = max(1, sizes.subscriptions // (per_worker * SUBSCRIBER_WORKERS))
+            readies = [new_event() for _ in range(SUBSCRIBER_WORKERS)]
+            ctx.say(f"opening {per_worker * SUBSCRIBER_WORKERS * per_connection:,} live "
+                    f"subscriptions over {per_worker * SUBSCRIBER_WORKERS:,} websockets")
+            subscribers = [Worker(f"soak subscribers {i}", hold_and_count, f"ws://{host}:{port}"
+                                  "/graphql", per_worker, per_connection, LIVE_CUSTOMER,
+                                  "customer", keys[i::SUBSCRIBER_WORKERS] or keys, ready, stop)
+                           for i, ready in enumerate(readies)]
+            workers += subscribers
+            for ready in readies:
+                if not ready.wait(300):
+                    raise BenchError("the soak's subscriptions were not all open within 300 s")
+
+            mix = [listed if i % sizes.list_share == sizes.list_share - 1 else p
+                   for i, p in enumerate(points * sizes.list_share)]
+            ctx.say(f"soak: {rate:,.0f} requests/s (half of {probe['rps']:,.0f}) for "
+                    f"{sizes.minutes:g} min, one in {sizes.list_share} a list page")
+            load = Worker("soak load", open_loop, host, port, mix, rate, 0.0, duration_s,
+                          LOAD_CONNECTIONS, b'"data"', [b'"errors"'], [gateway.pid])
+            workers.append(load)
+            pids = {"gateway": gateway.pid, "engine_jvm": _jvm_pid(spark),
+                    "engine_driver": os.getpid()}
+            samples: dict[str, list[tuple[float, int]]] = {name: [] for name in pids}
+            started = time.monotonic()
+            while True:
+                for name, pid in pids.items():
+                    kb = _rss_kb(pid)
+                    if kb is not None:
+                        samples[name].append((round(time.monotonic() - started, 2), kb))
+                if load.done(sizes.sample_s):
+                    break
+            loaded = load.result(timeout_s=60)
+            stop.set()
+            subscribed = [w.result(timeout_s=120) for w in subscribers]
+            gateway_alive = gateway.process.alive()
+        stopped = [q.name for q in queries if not q.isActive or q.exception() is not None]
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.stop()
+        for query in queries:
+            with contextlib.suppress(Exception):
+                query.stop()
+
+    def total(key: str) -> int:
+        return sum(s[key] for s in subscribed)
+
+    errors = {
+        "http_wrong_answers": loaded["bad"],
+        "subscription_errors": total("errors"),
+        "websocket_closes": total("closes"),
+        "stale_versions": total("stale_versions"),
+        "engine_queries_stopped": len(stopped),
+        "gateway_died": int(not gateway_alive),
+    }
+    growth = {name: memory_growth(series, duration_s) for name, series in samples.items()}
+    latency = loaded["latency_ms"]
+    problems = verdict(errors, growth["gateway"])
+    return {
+        "passed": not problems,
+        "problems": problems,
+        "minutes": sizes.minutes,
+        "query_point_rps": round(probe["rps"], 1),
+        "rate": rate,
+        "requests": loaded["due"],
+        "answered": loaded["answered"],
+        "latency_ms": {k: round(v, 3) for k, v in (
+            ("p50", percentile(latency, 50)), ("p99", percentile(latency, 99)),
+            ("max", max(latency)))} if latency else {},
+        "errors": errors,
+        "error_samples": loaded["errors"] + [x for s in subscribed for x in s["samples"]],
+        "http_wrong_statuses": loaded.get("bad_statuses", {}),
+        "engine_queries_stopped": stopped,
+        "subscriptions": total("subscriptions"),
+        "subscriptions_not_found": total("not_found"),
+        "subscription_current": total("current"),
+        "subscription_changes": total("changes"),
+        "memory_growth": growth,
+        "rss_kb": samples,
+        "latency_over_time": latency_over_time(latency, rate, sizes.sample_s),
+        "sizes": asdict(sizes),
+    }
+
+
+def soak_in_child(settings: Settings, sizes: SoakSizes, workdir: Path) -> dict[str, Any]:
+    """The soak in a (worker) process of its own: its SparkSession and Kafka clients end
+    with it, before the runner stops the services they talk to."""
+    from viewgate.bench.runner import MODES, BenchContext
+
+    ctx = BenchContext(settings, MODES["quick"], workdir,
+                       say=lambda text: print(text, flush=True))
+    try:
+        return measure(ctx, sizes)
+    finally:
+        ctx.close()
+
+
+# --- Report -----------------------------------------------------------------------------
+
+
+def save_soak_plot(report: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (memory, latency) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+    for name, series in report["rss_kb"].items():
+        if series:
+            memory.plot([t for t, _ in series], [kb / 1024 for _, kb in series], label=name)
+    memory.set_ylabel("RSS (MiB)")
+    memory.grid(True, alpha=0.3)
+    memory.legend()
+    buckets = report["latency_over_time"]
+    for key in ("p50_ms", "p99_ms"):
+        latency.plot([b["t_s"] for b in buckets], [b[key] for b in buckets],
+                     label=key.replace("_ms", ""))
+    latency.set_ylabel(f"latency (ms) per {report['sizes']['sample_s']:g} s")
+    latency.set_xlabel("seconds into the soak")
+    latency.grid(True, alpha=0.3)
+    latency.legend()
+    fig.suptitle(f"Soak: {report['rate']:,.0f} requests/s (half of "
+                 f"{report['query_point_rps']:,.0f}) for {report['minutes']:g} min, "
+                 f"{report['subscriptions']:,} subscriptions", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def print_report(console: Any, report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title="viewgate soak")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, str]] = [
+        ("query_point_rps (probe)", f"{report['query_point_rps']:,.0f}"),
+        ("offered load", f"{report['rate']:,.0f}/s for {report['minutes']:g} min"),
+        ("requests answered", f"{report['answered']:,} of {report['requests']:,}"),
+        ("latency p50 / p99 / max", " / ".join(
+            f"{report['latency_ms'].get(k, 0):.2f} ms" for k in ("p50", "p99", "max"))),
+        ("subscriptions", f"{report['subscriptions']:,} ({report['subscription_changes']:,} "
+                          "changes received)"),
+    ]
+    rows += [(kind, str(count)) for kind, count in report["errors"].items()]
+    for name, growth in report["memory_growth"].items():
+        rows.append((f"{name} RSS growth", "n/a" if growth is None else
+                     f"{growth['growth']:+.1%} ({growth['baseline_kb'] / 1024:,.0f} -> "
+                     f"{growth['final_kb'] / 1024:,.0f} MiB)"))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    window = growth_window(report["minutes"] * 60)
+    console.print(f"growth: median RSS of the last {window:.0f} s against the median of "
+                  f"the {window:.0f} s after a {window:.0f} s warm-up")
+    if report["passed"]:
+        console.print("[green]PASS[/green]: no error, gateway memory growth under "
+                      f"{GROWTH_LIMIT:.0%}")
+    else:
+        console.print(f"[red]FAIL[/red]: {'; '.join(report['problems'])}")
+
+
+def run_soak(base: Settings, sizes: SoakSizes, out_dir: Path, console: Any) -> dict[str, Any]:
+    """Start Kafka and Redis, run the soak in a worker process, write
+    <out_dir>/soak.json and soak.png, print the table."""
+    from viewgate.bench.runner import _sigterm_raises, bench_stack
+    from viewgate.bench.workers import Worker
+
+    with _sigterm_raises(), tempfile.TemporaryDirectory(prefix="viewgate-soak-") as tmp:
+        workdir = Path(tmp)
+        with bench_stack(base, workdir, console.print) as settings:
+            worker = Worker("soak", soak_in_child, settings, sizes, workdir, daemon=False)
+            try:
+                report = worker.result(timeout_s=sizes.minutes * 60 + 1200)
+            finally:
+                worker.stop()
+    return write_report(report, out_dir, console)
+
+
+def write_report(report: dict[str, Any], out_dir: Path, console: Any) -> dict[str, Any]:
+    from viewgate.bench import results
+
+    report = {**results.run_meta("soak"), **report}
+    results.write(out_dir / "soak.json", report)
+    save_soak_plot(report, out_dir / "soak.png")
+    console.print(f"wrote {out_dir / 'soak.json'} and {out_dir / 'soak.png'}")
+    print_report(console, report)
+    return report

@@ -1,0 +1,31 @@
+"""How uvicorn serves the gateway: the limits it enforces before the application sees
+anything, from the settings, for `viewgate gateway` (uvicorn.run) and for the gateway
+processes of the tests and benchmarks (the uvicorn command line)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schema.settings import Settings
+
+# Request line and headers h11 buffers before refusing the request (431). httptools
+# bounds them itself (llhttp).
+MAX_HEAD_BYTES = 64 * 1024
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    return {
+        # A bigger websocket message closes its connection (1009) unread.
+        "ws_max_size": settings.gateway_max_body_bytes,
+        # Past this many connections and requests in flight, new requests get 503.
+        "limit_concurrency": settings.gateway_max_connections,
+        "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
+    }
+
+
+def uvicorn_flags(settings: Settings) -> list[str]:
+    """The same as command-line flags (`--ws-max-size 200000`, ...)."""
+    flags: list[str] = []
+    for name, value in uvicorn_options(settings).items():
+        flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
