@@ -47,8 +47,9 @@ class Shop(NamedTuple):
 
 @pytest.fixture(scope="module")
 def shop(spark, settings, tmp_path_factory) -> Shop:
-    # Redis database 11: no other test uses it. Customers only: the attacks read them.
-    settings = isolated(settings, tmp_path_factory.mktemp("hostile"), redis_db=11).model_copy(
+    # Redis database 16: no other test uses it (test_auth has 11). Customers only: the
+    # attacks read them.
+    settings = isolated(settings, tmp_path_factory.mktemp("hostile"), redis_db=16).model_copy(
         update={"changefeed_prefix": f"{PREFIX}.changes."})
     customers = shop_events(PREFIX, seed=41, count=300)[0]
     shop = Shop(settings, catalog_on(PREFIX), expected_customers(customers))

@@ -63,6 +63,9 @@ class RedisServer:
             "no",
             "--protected-mode",
             "yes",
+            # More than the default 16: the test session gives modules databases of their own.
+            "--databases",
+            "32",
         ]
         self.process = ManagedProcess(
             "redis", args, self.log_path, die_with_parent=die_with_parent
