@@ -40,7 +40,6 @@ def bench(
     merge the figures into <out>/results.json, print a table and save PNG plots."""
     from rich.console import Console
 
-    from schema.settings import get_settings
     from viewgate.bench.runner import BenchError, run_bench
     from viewgate.bench.workers import WorkerError
     from viewgate.stack.errors import StackError
@@ -67,10 +66,8 @@ def bench(
     }
     groups = [g.strip() for g in only.split(",") if g.strip()] if only else None
     try:
-        settings = get_settings()
         run_bench(
-            # Its clients send no tokens: anonymous requests get the admin role.
-            settings.model_copy(update={"auth_anonymous_role": settings.auth_admin_role}),
+            bench_settings(),
             only=groups,
             mode="full" if full else "quick",
             overrides=overrides,
@@ -82,9 +79,17 @@ def bench(
         raise typer.Exit(1) from None
 
 
+def bench_settings() -> Any:
+    """The settings, with anonymous requests given the admin role: the bench's and the
+    soak's clients send no tokens."""
+    from schema.settings import get_settings
+
+    settings = get_settings()
+    return settings.model_copy(update={"auth_anonymous_role": settings.auth_admin_role})
+
+
 def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
           connections: int) -> None:
-    from schema.settings import get_settings
     from viewgate.bench.runner import BenchError
     from viewgate.bench.soak import SoakSizes, run_soak
     from viewgate.bench.workers import WorkerError
@@ -96,7 +101,7 @@ def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
         raise typer.Exit(2)
     sizes = SoakSizes(minutes=minutes, subscriptions=subscriptions, connections=connections)
     try:
-        report = run_soak(get_settings(), sizes, out, console)
+        report = run_soak(bench_settings(), sizes, out, console)
     except (BenchError, StackError, WorkerError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None

@@ -7,12 +7,14 @@ engine (Spark in the soak's process, engine.runner.start_all), a producer proces
 demo traffic (`demo_rate` events/s: customer changes, orders, deletes), the gateway as
 `viewgate gateway` serves it (one uvicorn worker, the gateway's uvicorn limits).
 
-1. Probe: point lookups at saturation (load.closed_loop, `probe_s`): `query_point_rps`.
-2. Subscriptions: `subscriptions` live `customer(customerId:)` subscriptions over
+1. Subscriptions: `subscriptions` live `customer(customerId:)` subscriptions over
    `connections` websockets (ws_clients.hold_and_count), spread over every customer, so
    the demo's customer changes reach them throughout.
-3. Soak: for `minutes`, open-loop load (load.open_loop) at half of `query_point_rps`: point
-   lookups, one request in `list_share` a list page (10 customers). Every `sample_s` the
+2. Probe: the soak's mix (point lookups, one request in `list_share` a list page of 10
+   customers) at saturation (load.closed_loop, `probe_s`), with the subscriptions open:
+   `capacity_rps`.
+3. Soak: for `minutes`, open-loop load (load.open_loop) of that mix at half of
+   `capacity_rps`. Every `sample_s` the
    resident memory (VmRSS) of the gateway, of the engine's JVM and of its Python driver.
 
 Errors: wrong HTTP answers (not 200, or GraphQL `errors`), subscription errors, websocket
@@ -166,13 +168,6 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
             listed = post_request(host, port, "/graphql",
                                   json.dumps({"query": LIST_QUERY}).encode())
 
-            ctx.say(f"probe: point lookups at saturation for {sizes.probe_s:.0f} s")
-            probe = Worker("probe", closed_loop, host, port, points, PROBE_CONNECTIONS,
-                           sizes.probe_warmup_s, sizes.probe_s, b'"data"', [b'"errors"'],
-                           [gateway.pid]).result(timeout_s=sizes.probe_s + 120)
-            if probe["bad"]:
-                raise BenchError(f"the probe got wrong answers: {probe['errors']}")
-            rate = max(1.0, float(int(probe["rps"] / 2)))
 
             per_worker = max(1, sizes.connections // SUBSCRIBER_WORKERS)
             per_connection = max(1, sizes.subscriptions // (per_worker * SUBSCRIBER_WORKERS))
@@ -190,6 +185,15 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
 
             mix = [listed if i % sizes.list_share == sizes.list_share - 1 else p
                    for i, p in enumerate(points * sizes.list_share)]
+            # The capacity the soak halves: the same mix at saturation, with the
+            # subscriptions open and the engine running, as during the soak.
+            ctx.say(f"probe: the soak's mix at saturation for {sizes.probe_s:.0f} s")
+            probe = Worker("probe", closed_loop, host, port, mix, PROBE_CONNECTIONS,
+                           sizes.probe_warmup_s, sizes.probe_s, b'"data"', [b'"errors"'],
+                           [gateway.pid]).result(timeout_s=sizes.probe_s + 120)
+            if probe["bad"]:
+                raise BenchError(f"the probe got wrong answers: {probe['errors']}")
+            rate = max(1.0, float(int(probe["rps"] / 2)))
             ctx.say(f"soak: {rate:,.0f} requests/s (half of {probe['rps']:,.0f}) for "
                     f"{sizes.minutes:g} min, one in {sizes.list_share} a list page")
             load = Worker("soak load", open_loop, host, port, mix, rate, 0.0, duration_s,
@@ -237,7 +241,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
         "passed": not problems,
         "problems": problems,
         "minutes": sizes.minutes,
-        "query_point_rps": round(probe["rps"], 1),
+        "capacity_rps": round(probe["rps"], 1),
         "rate": rate,
         "requests": loaded["due"],
         "answered": loaded["answered"],
@@ -298,7 +302,7 @@ def save_soak_plot(report: dict[str, Any], path: Path) -> Path:
     latency.grid(True, alpha=0.3)
     latency.legend()
     fig.suptitle(f"Soak: {report['rate']:,.0f} requests/s (half of "
-                 f"{report['query_point_rps']:,.0f}) for {report['minutes']:g} min, "
+                 f"{report['capacity_rps']:,.0f}) for {report['minutes']:g} min, "
                  f"{report['subscriptions']:,} subscriptions", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -313,7 +317,7 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     rows: list[tuple[str, str]] = [
-        ("query_point_rps (probe)", f"{report['query_point_rps']:,.0f}"),
+        ("capacity_rps (probe of the mix)", f"{report['capacity_rps']:,.0f}"),
         ("offered load", f"{report['rate']:,.0f}/s for {report['minutes']:g} min"),
         ("requests answered", f"{report['answered']:,} of {report['requests']:,}"),
         ("latency p50 / p99 / max", " / ".join(
