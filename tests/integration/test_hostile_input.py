@@ -149,7 +149,7 @@ class Bystander:
                             node["name"] == self.customers[node["customerId"]]["name"], node
                 except Exception as exc:  # noqa: BLE001 - recorded, the test fails on it
                     self.failures.append(f"query of {key}: {exc!r}")
-                    await asyncio.sleep(0.5)
+                    return  # check() fails on it; no point asking on
                 else:
                     self.answers += 1
                 i += 1

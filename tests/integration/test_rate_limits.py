@@ -21,7 +21,7 @@ from websockets.exceptions import InvalidStatus
 from ws_clients import GatewayServer, LegacyWS, TransportWS
 
 from gateway.app import create_app
-from viewgate.stack.process import free_port, wait_until
+from viewgate.stack.process import eventually, free_port, wait_until
 from viewgate.stack.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -79,10 +79,15 @@ def _assert_limited_then_recovers(client: TestClient, body: dict, headers: dict)
     error = refused.json()["errors"][0]
     assert error["extensions"] == {"code": "RATE_LIMITED", "retryAfter": wait_s}
     assert "gateway_rate_limit_per_s" in error["message"]
-    # A client that waits as told gets through (the bucket refilled meanwhile).
-    time.sleep(wait_s)
-    again = client.post("/graphql", json=body, headers=headers)
-    assert again.status_code == 200 and "errors" not in again.json()
+    # A client that waits as told gets through (the bucket refilled meanwhile): by
+    # Retry-After, give or take a second.
+    refused_at = time.monotonic()
+    served = []
+    wait_until(lambda: served.append(client.post("/graphql", json=body, headers=headers))
+               or served[-1].status_code == 200, timeout_s=wait_s + 1, interval_s=0.2,
+               what="a request after Retry-After")
+    assert time.monotonic() - refused_at >= wait_s - 1
+    assert "errors" not in served[-1].json()
 
 
 def test_the_general_path_answers_429_after_the_burst_and_serves_after_retry_after(limited):
@@ -188,14 +193,12 @@ def test_a_client_past_its_open_websockets_is_refused_with_429(ws_gateway):
 
 async def _open_when_allowed(kind: type, url: str):
     """A connection, once the server has let go of the client's earlier ones."""
-    deadline = time.monotonic() + 30
-    while True:
+    async def attempt():
         try:
             return await kind.open(url)
         except InvalidStatus:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+            return None
+    return await eventually(attempt, timeout_s=30, what="a websocket within the limit")
 
 
 def test_subscriptions_are_limited_per_client_across_its_connections(ws_gateway,
@@ -224,16 +227,16 @@ def test_subscriptions_are_limited_per_client_across_its_connections(ws_gateway,
         assert error["payload"]["extensions"]["code"] == "LIMIT_SUBSCRIPTIONS"
         # Completing one gives it back.
         await one.send({"id": ops[0], "type": "complete"})
-        deadline = time.monotonic() + 30
-        while True:
+        async def subscribe_again():
             op = await two.subscribe(live.format(keys[3]))
             message = await two.receive()
             if message["type"] == "data":
-                assert message["id"] == op and message["payload"]["data"]["customer"]
-                break
+                return op, message
             assert message["payload"]["extensions"]["code"] == "LIMIT_SUBSCRIPTIONS"
-            assert time.monotonic() < deadline, "the completed subscription was not released"
-            await asyncio.sleep(0.1)
+            return None
+        op, message = await eventually(subscribe_again, timeout_s=30,
+                                       what="the completed subscription released")
+        assert message["id"] == op and message["payload"]["data"]["customer"]
         await one.close()
         await two.close()
     asyncio.run(scenario())

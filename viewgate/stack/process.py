@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from viewgate.stack.errors import StackError
+
+T = TypeVar("T")
 
 _PR_SET_PDEATHSIG = 1
 
@@ -76,6 +80,20 @@ def wait_until(
         if time.monotonic() > deadline:
             raise StackError(f"{what}: not ready after {timeout_s:.0f}s.{hint}")
         time.sleep(interval_s)
+
+
+async def eventually(attempt: Callable[[], Awaitable[T | None]], *, timeout_s: float,
+                     what: str, interval_s: float = 0.1) -> T:
+    """wait_until for coroutines: the first result of `attempt` that is not None; fail at
+    the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await attempt()
+        if result is not None:
+            return result
+        if time.monotonic() > deadline:
+            raise StackError(f"{what}: not after {timeout_s:.0f}s")
+        await asyncio.sleep(interval_s)
 
 
 @dataclass
