@@ -184,9 +184,11 @@ class Reads:
         """Copy the whole Delta snapshot into Redis (rows and indexes) and mark the view
         complete. Retried while the engine moves Redis ahead of Delta meanwhile."""
         pause = 0.05
+        why = "no attempt"
         for _ in range(attempts):
             try:
-                if await self._warm_all_once(view):
+                why = await self._warm_all_once(view)
+                if why is None:
                     return True
             except RedisUnavailable:
                 return False
@@ -195,15 +197,19 @@ class Reads:
                 return False
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
+        # Lists keep reading Delta; the next one that finds the view incomplete tries again.
+        log.warning("re-warming %s gave up after %d attempts: %s", view.name, attempts, why)
         return False
 
-    async def _warm_all_once(self, view: View) -> bool:
+    async def _warm_all_once(self, view: View) -> str | None:
+        """None once the view is complete, else why this attempt could not finish it."""
         meta = await self.redis.meta(view.name)
         if meta.complete:
-            return True
+            return None
         rows, snapshot = await self.delta_read(view, reason="rewarm")
         if snapshot.generation != meta.generation or snapshot.batch < (meta.fence or -1):
-            return False  # Delta has not caught up with Redis yet
+            return (f"Delta (generation {snapshot.generation}, batch {snapshot.batch}) has not "
+                    f"caught up with Redis (generation {meta.generation}, batch {meta.fence})")
         generation, fence = meta.generation, meta.fence
         by_key = {key_of(r, view.key): r for r in rows}
         keys = list(by_key)
@@ -215,7 +221,8 @@ class Reads:
             last = i == max(len(chunks) - 1, 0)
             if not await self.redis.warm(view.name, generation, fence, snapshot.batch,
                                          snapshot.committed_at_ms, last, ops):
-                return False
+                return (f"Redis refused the copy from batch {fence}: an engine batch "
+                        "landed meanwhile, or Redis failed")
             if fence is None and snapshot.batch >= 0:
                 fence = snapshot.batch  # the script recorded the snapshot as the fence
-        return True
+        return None

@@ -247,4 +247,7 @@ class RedisStore:
             return False
 
     async def get_rows(self, view: str, generation: int, keys: Sequence[str]) -> list:
-        return await self.client.mget([row_key(view, generation, k) for k in keys])
+        try:
+            return await self.client.mget([row_key(view, generation, k) for k in keys])
+        except RedisError as exc:
+            raise self._failed(exc) from exc

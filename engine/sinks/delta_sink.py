@@ -92,14 +92,24 @@ class DeltaSink:
         delete_on: Sequence[str],
         metadata: Mapping[str, Any],
     ) -> bool:
-        """False when the table already holds this batch (a replay) or it changes nothing."""
-        if not rows and not deleted:
-            return False
+        """False when the table already holds this batch (a replay).
+
+        A batch that changes no row is recorded all the same, as a commit holding only its
+        transaction: Redis records every batch id, and readers compare the two (a re-warm
+        waits for Delta to reach Redis's batch; `asOf: {version}` finds it in Delta)."""
         table = self._load()
         # Delta's own idempotency record: the app id's last transaction version.
         done = table.transaction_version(self.app_id)
         if done is not None and done >= batch_id:
             return False
+        commit = CommitProperties(
+            custom_metadata={"userMetadata": json.dumps(dict(metadata), default=str)},
+            app_transactions=[Transaction(self.app_id, batch_id)],
+        )
+        if not rows and not deleted:
+            table.create_write_transaction([], mode="append", schema=table.schema(),
+                                           commit_properties=commit)
+            return True
         source_schema = self._source_schema
         columns = [c for c in source_schema.names if c != DELETED]
         records = [{**{c: r.get(c) for c in columns}, DELETED: False} for r in rows]
@@ -115,10 +125,6 @@ class DeltaSink:
             else match(self.view.key)
         )
         values = {_quoted(c): f"s.{_quoted(c)}" for c in columns}
-        commit = CommitProperties(
-            custom_metadata={"userMetadata": json.dumps(dict(metadata), default=str)},
-            app_transactions=[Transaction(self.app_id, batch_id)],
-        )
         (
             table.merge(
                 source, condition, source_alias="s", target_alias="t", commit_properties=commit

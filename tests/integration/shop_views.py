@@ -80,7 +80,9 @@ def redis_rows(client: redis.Redis, view: str, generation: int = 0) -> dict[str,
     keys = list(client.scan_iter(match=row_key(view, generation, "*"), count=1000))
     values = client.mget(keys) if keys else []
     prefix = row_key(view, generation, "")
-    return {k.decode()[len(prefix) :]: decode_row(v) for k, v in zip(keys, values, strict=True)}
+    # A key the engine deleted between the scan and the MGET comes back as None: gone.
+    return {k.decode()[len(prefix) :]: decode_row(v)
+            for k, v in zip(keys, values, strict=True) if v is not None}
 
 
 def delta_frame(settings, view: str, generation: int = 0) -> pd.DataFrame:

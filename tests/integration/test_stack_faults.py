@@ -489,7 +489,8 @@ def test_redis_flush_and_restart_answers_from_delta_and_rewarms(stack):
             for query in LISTS.values():
                 stack.gateway.query(query)
         return done
-    wait_until(complete, timeout_s=120, what="every view re-warmed")
+    wait_until(complete, timeout_s=120, what="every view re-warmed",
+               log=stack.gateway.process.log_path)
     stack.wait_exact("after Redis came back")
     stack.alive()
 

@@ -1,16 +1,18 @@
-"""The engine's Delta sink reads rows back by key (the previous rows of a batch when Redis
-lost them), in the JSON form Redis stores: composite keys, timestamps, absent keys."""
+"""The engine's Delta sink: it reads rows back by key (the previous rows of a batch when
+Redis lost them), in the JSON form Redis stores: composite keys, timestamps, absent keys;
+and it records every batch id, a batch that changes no row included."""
 
 from __future__ import annotations
 
 import datetime
 
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from engine.sinks.delta_sink import DeltaSink
 from schema import demo
-from schema.storage import delta_app_id, key_of
+from gateway.delta_store import AsOf, DeltaStore
+from schema.storage import delta_app_id, delta_table_path, key_of
 
 SCHEMA = pa.schema([
     ("product_id", pa.string()),
@@ -48,3 +50,27 @@ def test_rows_by_key_after_merges(tmp_path):
     assert got[keys[2]]["order_count"] == 4
     assert sink.rows([]) == {}
     assert sink.rows([absent]) == {}
+
+
+def test_a_batch_without_rows_is_recorded_once(tmp_path):
+    # Redis records every batch id; a re-warm waits until Delta's equals it, so Delta must
+    # record the batches that changed nothing too (a watermark's no-data batch).
+    view = demo.PRODUCT_SALES
+    path = delta_table_path(str(tmp_path), view.name, 0)
+    write_deltalake(path, pa.Table.from_pylist([], schema=SCHEMA))
+    app_id = delta_app_id(view.name, 0)
+    sink = DeltaSink(path, view, app_id)
+    row = {"product_id": "P1", **_window(0), "order_count": 2, "revenue": 10.5}
+    assert sink.merge(0, [row], [], view.key, metadata={"batch_id": 0})
+    assert sink.merge(1, [], [], view.key, metadata={"batch_id": 1})
+    assert not sink.merge(1, [], [], view.key, metadata={"batch_id": 1})  # a replay
+
+    table = DeltaTable(path)
+    assert table.transaction_version(app_id) == 1
+    assert table.history(1)[0]["userMetadata"] == '{"batch_id": 1}'
+    assert table.to_pyarrow_table().num_rows == 1
+    assert sink.rows([key_of(row, view.key)])[key_of(row, view.key)]["order_count"] == 2
+
+    # The gateway reads that version (a query reported it from Redis) as of its batch id.
+    rows, snapshot = DeltaStore(str(tmp_path)).read(view, as_of=AsOf(version=1))
+    assert snapshot.batch == 1 and [r["order_count"] for r in rows] == [2]
