@@ -70,6 +70,24 @@ class ViewCommitter:
                                batch_id, self.generation, now_ms)
         return [event(k, r) for k, r in upserts.items()] + [event(k, None) for k in deletes]
 
+    def _stale_in_redis(self, batch_id: int, own: set[str]) -> dict[str, dict[str, Any] | None]:
+        """Rows Redis holds older than Delta (None: deleted since), outside `own`.
+
+        Each batch is in Delta before the next one starts, so Redis holds batch_id - 1
+        unless it lost batches: flushed between a batch's Redis apply and its Delta commit,
+        then re-warmed by the gateway from the Delta snapshot before that batch. The rows
+        those batches changed are brought up to date with this batch, without change
+        events (theirs went out with their batches)."""
+        fence = self.redis.fence(self.generation)
+        if fence is None or fence >= batch_id - 1:
+            return {}
+        keys = self.delta.keys_changed_after(fence) - own
+        current = self.delta.rows(keys)
+        log.warning("%s batch %d: Redis held batch %d, not %d; %d rows it missed taken from "
+                    "Delta", self.view.name, batch_id, fence, batch_id - 1, len(keys),
+                    extra={"view": self.view.name, "batch_id": batch_id})
+        return {k: current.get(k) for k in keys}
+
     def commit(
         self,
         batch_id: int,
@@ -101,8 +119,15 @@ class ViewCommitter:
             # out as an insert, and a row leaving a filter would never reach its subscribers.
             old_rows = {**self.delta.rows(missing), **old_rows}
         events = self._events(batch_id, now_ms, upserts, deletes, old_rows)
-        status = self.redis.apply(batch_id, self.generation, upserts, deletes, meta=meta,
-                                  old_rows=old_rows, outbox=outbox_value(batch_id, events))
+        stale = self._stale_in_redis(batch_id, set(upserts) | deletes)
+        stale_upserts = {k: row for k, row in stale.items() if row is not None}
+        stale_deletes = {k for k, row in stale.items() if row is None}
+        if stale:
+            # Their index entries come from what Redis holds of them, old as it is.
+            old_rows = {**self.redis.previous_rows(self.generation, list(stale)), **old_rows}
+        status = self.redis.apply(batch_id, self.generation, {**stale_upserts, **upserts},
+                                  deletes | stale_deletes, meta=meta, old_rows=old_rows,
+                                  outbox=outbox_value(batch_id, events))
         if status == RETIRED:
             return status  # readers moved to a rebuilt generation; the engine restarts us
         if status == REPLAYED:

@@ -22,6 +22,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from gateway.filters import Condition, QueryError
 from schema.catalog import View
 from schema.storage import (
+    commit_batch_id,
     delta_app_id,
     delta_table_path,
     encode_row,
@@ -103,14 +104,11 @@ class DeltaStore:
         batch id in each commit's userMetadata)."""
         best, newest = None, -1
         for commit in table.history():
-            try:
-                meta = orjson.loads(commit.get("userMetadata") or "null")
-            except orjson.JSONDecodeError:
+            batch_id = commit_batch_id(commit)
+            if batch_id is None:
                 continue
-            if not isinstance(meta, dict) or "batch_id" not in meta:
-                continue
-            newest = max(newest, int(meta["batch_id"]))
-            if int(meta["batch_id"]) <= batch and (best is None or commit["version"] > best):
+            newest = max(newest, batch_id)
+            if batch_id <= batch and (best is None or commit["version"] > best):
                 best = commit["version"]
         if batch > newest or best is None:
             raise QueryError(

@@ -152,6 +152,16 @@ def delta_app_id(view: str, generation: int) -> str:
     return f"viewgate:{view}:g{generation}"
 
 
+def commit_batch_id(commit: Mapping[str, Any]) -> int | None:
+    """The batch id an engine commit records in its userMetadata (None: not an engine
+    commit, e.g. the table's creation)."""
+    try:
+        meta = orjson.loads(commit.get("userMetadata") or "null")
+    except orjson.JSONDecodeError:
+        return None
+    return int(meta["batch_id"]) if isinstance(meta, dict) and "batch_id" in meta else None
+
+
 def meta_table_path(delta_root: str) -> str:
     return f"{delta_root.rstrip('/')}/_viewgate_meta"
 

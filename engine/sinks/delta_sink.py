@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from schema.catalog import View
-from schema.storage import decode_row, encode_row, key_of, parse_key
+from schema.storage import commit_batch_id, decode_row, encode_row, key_of, parse_key
 
 DELETED = "_deleted"
 
@@ -63,6 +63,18 @@ class DeltaSink:
         else:
             self._table.update_incremental()
         return self._table
+
+    def keys_changed_after(self, batch_id: int) -> set[str]:
+        """The keys of the rows that commits of batches after `batch_id` changed, from the
+        table's change data feed (each commit's userMetadata names its batch)."""
+        table = self._load()
+        batches = ((c["version"], commit_batch_id(c)) for c in table.history())
+        later = [version for version, batch in batches if batch is not None and batch > batch_id]
+        if not later:
+            return set()
+        changes = pa.table(table.load_cdf(starting_version=min(later),
+                                          columns=list(self.view.key)))
+        return {key_of(row, self.view.key) for row in changes.select(self.view.key).to_pylist()}
 
     def rows(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
         """The stored rows of `keys` (absent ones left out), in Redis's JSON form. Between

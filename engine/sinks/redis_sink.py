@@ -16,6 +16,7 @@ from schema.storage import (
     complete_field,
     decode_row,
     encode_row,
+    fence_field,
     generation_field,
     index_entry,
     index_key,
@@ -55,6 +56,11 @@ class RedisSink:
             return {}
         stored = self.client.mget([row_key(self.view.name, generation, k) for k in keys])
         return {k: decode_row(v) for k, v in zip(keys, stored, strict=True) if v}
+
+    def fence(self, generation: int) -> int | None:
+        """The last batch Redis holds of the generation (None: Redis lost the meta)."""
+        value = self.client.hget(meta_key(self.view.name), fence_field(generation))
+        return None if value is None else int(value)
 
     def holds_every_row(self, generation: int) -> bool:
         """Whether Redis holds every row of the generation: the first batch or a full

@@ -17,7 +17,7 @@ from deltalake.exceptions import TableNotFoundError
 from shop_views import Record, delta_frame, expected_customer_stats, shop_events, ts
 
 from engine.rebuild import log_range
-from schema.storage import ChangeEvent, changefeed_topic
+from schema.storage import CHANGEFEED_PREFIX, ChangeEvent, changefeed_topic
 from viewgate.stack.process import free_port, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -137,15 +137,16 @@ def delta_stats_exact(settings, orders: list[Record]) -> bool:
         got.at[c, "order_count"] == row.order_count for c, row in want.iterrows())
 
 
-def feed_ends(bootstrap: str, view: str) -> dict[int, int]:
+def feed_ends(bootstrap: str, view: str, prefix: str = CHANGEFEED_PREFIX) -> dict[int, int]:
     """Where the view's change feed ends now (partition -> next offset)."""
-    return {p: high for p, (_, high) in log_range(bootstrap, changefeed_topic(view)).items()}
+    topic = changefeed_topic(view, prefix)
+    return {p: high for p, (_, high) in log_range(bootstrap, topic).items()}
 
 
-def feed_changes(bootstrap: str, view: str,
-                 since: dict[int, int]) -> list[tuple[int, ChangeEvent]]:
+def feed_changes(bootstrap: str, view: str, since: dict[int, int],
+                 prefix: str = CHANGEFEED_PREFIX) -> list[tuple[int, ChangeEvent]]:
     """The view's change events (offset, event) from the offsets `since` to the end."""
-    topic = changefeed_topic(view)
+    topic = changefeed_topic(view, prefix)
     wanted = {p: high - since.get(p, 0) for p, (_, high) in log_range(bootstrap, topic).items()}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"feed-{view}"})
     consumer.assign([TopicPartition(topic, p, since.get(p, 0)) for p in wanted])

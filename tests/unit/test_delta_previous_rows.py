@@ -10,8 +10,8 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from engine.sinks.delta_sink import DeltaSink
-from schema import demo
 from gateway.delta_store import AsOf, DeltaStore
+from schema import demo
 from schema.storage import delta_app_id, delta_table_path, key_of
 
 SCHEMA = pa.schema([
@@ -70,6 +70,9 @@ def test_a_batch_without_rows_is_recorded_once(tmp_path):
     assert table.history(1)[0]["userMetadata"] == '{"batch_id": 1}'
     assert table.to_pyarrow_table().num_rows == 1
     assert sink.rows([key_of(row, view.key)])[key_of(row, view.key)]["order_count"] == 2
+    # What batches after a given one changed, from the change data feed: nothing after 0.
+    assert sink.keys_changed_after(0) == set()
+    assert sink.keys_changed_after(-1) == {key_of(row, view.key)}
 
     # The gateway reads that version (a query reported it from Redis) as of its batch id.
     rows, snapshot = DeltaStore(str(tmp_path)).read(view, as_of=AsOf(version=1))
