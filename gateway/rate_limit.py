@@ -25,7 +25,8 @@ from schema.storage import REDIS_PREFIX
 log = logging.getLogger(__name__)
 
 LIMITED = Counter("viewgate_gateway_rate_limited", "Requests, websockets and subscriptions "
-                  "refused by a per-client limit, by kind (http, websocket, subscription).",
+                  "refused by a per-client limit, by kind (http, websocket, subscription, "
+                  "websocket_message).",
                   ["kind"])
 UNLIMITED = Counter("viewgate_gateway_rate_limit_unavailable", "HTTP requests served without "
                     "a rate-limit check because Redis did not answer (the limiter fails open).")

@@ -4,7 +4,8 @@
 websocket (to close a slow client) and the `connection_init` payload, whose token picks
 the connection's role: its schema and row rules (gateway.access). A bad token closes a
 `graphql-transport-ws` connection with 4403 and the reason; the legacy protocol answers
-`connection_error` with it."""
+`connection_error` with it. A connection sending messages faster than
+`gateway_ws_messages_per_s` (after its burst) is closed with 4029."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWS
 from strawberry.types.execution import PreExecutionError
 
 from gateway.auth import Unauthenticated
+from gateway.message_rate import MessageBudget
 from gateway.metrics import WEBSOCKETS
+from gateway.rate_limit import LIMITED
 from gateway.subscriptions import SubscriptionContext
 from gateway.ws_admission import Admission
 from schema.settings import Settings
@@ -51,7 +54,30 @@ async def parse_errors_as_results(source: AsyncGenerator[Any, None]) -> AsyncGen
 NOT_JSON = object()
 
 
-class TransportWSHandler(BaseGraphQLTransportWSHandler):
+class MessageRate:
+    """Both handlers: a connection sending past its budget (gateway.message_rate) is closed
+    with 4029, and what it sent after that is dropped unread."""
+
+    _budget: MessageBudget | None = None
+    _over: bool = False
+
+    async def over_budget(self) -> bool:
+        if self._over:
+            return True
+        if self._budget is None:
+            self._budget = MessageBudget(*self.view.message_rate)  # type: ignore[attr-defined]
+        if self._budget.take():
+            return False
+        self._over = True
+        LIMITED.labels("websocket_message").inc()
+        await self.websocket.close(  # type: ignore[attr-defined]
+            code=4029, reason=close_reason(
+                f"too many messages: over {self._budget.rate:g}/s after a burst of "
+                f"{self._budget.burst} (gateway_ws_messages_per_s)"))
+        return True
+
+
+class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
     @staticmethod
     def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
         # A document that does not parse is one bad operation, not a broken connection:
@@ -76,6 +102,8 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler):
             self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
 
     async def handle_message(self, message: Any) -> None:
+        if await self.over_budget():
+            return
         if message is NOT_JSON:
             await self.handle_invalid_message("WebSocket message must be valid JSON")
             return
@@ -104,8 +132,10 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler):
 LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
 
 
-class LegacyWSHandler(BaseGraphQLWSHandler):
+class LegacyWSHandler(MessageRate, BaseGraphQLWSHandler):
     async def handle_message(self, message: Any) -> None:
+        if await self.over_budget():
+            return
         # subscriptions-transport-ws answers a message it cannot handle with `error`
         # (Strawberry ignores an unknown type and fails on a message without its fields).
         kind = message.get("type") if isinstance(message, dict) else None
@@ -153,6 +183,8 @@ class GraphQLWebSocket(GraphQL):
                  admission: Admission | None = None) -> None:
         self.access = access  # gateway.access.Access; None: every connection is admin
         self.admission = admission or Admission(0, None)
+        self.message_rate = (settings.gateway_ws_messages_per_s,
+                             settings.gateway_ws_messages_burst)
         super().__init__(
             schema,
             graphql_ide=None,

@@ -221,6 +221,14 @@ class Settings(BaseSettings):
         0, description="Most subscriptions per client across its websocket connections, in "
         "one gateway process; 0 is no limit."
     )
+    gateway_ws_messages_per_s: float = Field(
+        0.0, description="Messages per second one websocket connection may send after its "
+        "burst; past it the gateway closes the connection (code 4029). 0 turns it off."
+    )
+    gateway_ws_messages_burst: int = Field(
+        100, description="Messages a websocket connection may send at once before the rate "
+        "applies."
+    )
 
     # Persisted queries (gateway.persisted): Apollo's automatic persisted queries.
     gateway_persisted_only: bool = Field(

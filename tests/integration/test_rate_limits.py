@@ -2,11 +2,13 @@
 the burst and a request through again after it, on the general and the compiled path,
 separate buckets per token and per address, failing open while Redis is down and limiting
 again once it is back; and limits on
-a client's open websockets and subscriptions (a real uvicorn gateway, both protocols)."""
+a client's open websockets and subscriptions, and on the messages one websocket may send
+(a real uvicorn gateway, both protocols)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from starlette.testclient import TestClient
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from ws_clients import GatewayServer, LegacyWS, TransportWS
 
 from gateway.app import create_app
@@ -161,11 +163,15 @@ def test_the_limiter_fails_open_when_redis_is_down(gateway_shop, tmp_path):
 
 # Websockets: a real uvicorn gateway (the handshake's 429 is the server's).
 
+MESSAGE_BURST = 40  # messages a connection may send at once (then 5 a second)
+
 @pytest.fixture(scope="module")
 def ws_gateway(gateway_shop, tmp_path_factory) -> Iterator[GatewayServer]:
     server = GatewayServer(gateway_shop.settings, tmp_path_factory.mktemp("limits-gateway"),
                            "gateway-test", VIEWGATE_GATEWAY_MAX_WEBSOCKETS_PER_CLIENT="2",
-                           VIEWGATE_GATEWAY_MAX_SUBSCRIPTIONS_PER_CLIENT="3")
+                           VIEWGATE_GATEWAY_MAX_SUBSCRIPTIONS_PER_CLIENT="3",
+                           VIEWGATE_GATEWAY_WS_MESSAGES_PER_S="5",
+                           VIEWGATE_GATEWAY_WS_MESSAGES_BURST=str(MESSAGE_BURST))
     try:
         yield server.start()
     finally:
@@ -239,4 +245,32 @@ def test_subscriptions_are_limited_per_client_across_its_connections(ws_gateway,
         assert message["id"] == op and message["payload"]["data"]["customer"]
         await one.close()
         await two.close()
+    asyncio.run(scenario())
+
+
+# Messages that change nothing: a graphql-transport-ws ping, a legacy stop of no operation.
+IDLE_MESSAGE = {TransportWS: {"type": "ping"}, LegacyWS: {"type": "stop", "id": "none"}}
+
+
+@pytest.mark.parametrize("kind", [TransportWS, LegacyWS])
+def test_a_connection_flooding_messages_is_closed_and_others_keep_working(ws_gateway,
+                                                                          gateway_shop, kind):
+    key = sorted(gateway_shop.customers)[0]
+
+    async def scenario() -> None:
+        flood = await _open_when_allowed(kind, ws_gateway.url)
+        sent = 0
+        with contextlib.suppress(ConnectionClosed):
+            for _ in range(10 * MESSAGE_BURST):
+                await flood.send(IDLE_MESSAGE[kind])
+                sent += 1
+        await asyncio.wait_for(flood.ws.wait_closed(), 30)
+        assert flood.ws.close_code == 4029, (flood.ws.close_code, flood.ws.close_reason)
+        assert "gateway_ws_messages_per_s" in flood.ws.close_reason
+        assert sent > MESSAGE_BURST  # the burst went through first
+        # Another connection of the same client, within the rate, is served as before.
+        calm = await _open_when_allowed(TransportWS, ws_gateway.url)
+        op = await calm.subscribe(f'subscription {{ customer(customerId: "{key}") {{ op }} }}')
+        assert (await calm.next(op))["customer"]["op"] == "CURRENT"
+        await calm.close()
     asyncio.run(scenario())
