@@ -18,8 +18,10 @@ from schema.storage import key_of, split_index_member
 
 
 async def related_rows(reads: Reads, fresh: Freshness, load: RowLoader, target: View,
-                       field: str, values: Sequence[Any], first: int) -> list[list[dict]]:
-    """Per value: up to `first` rows of `target` with `field` == value, ordered by key."""
+                       field: str, values: Sequence[Any],
+                       first: int | None) -> list[list[dict]]:
+    """Per value: up to `first` (None: all) rows of `target` with `field` == value, ordered
+    by key."""
     info = reads.fields[target.name][field]
     lex = is_string(info)
     per_value = [ranges(info, [Condition(field, "eq", v)]) for v in values]
@@ -38,7 +40,7 @@ async def related_rows(reads: Reads, fresh: Freshness, load: RowLoader, target: 
 
 
 async def _from_delta(reads: Reads, fresh: Freshness, target: View, field: str,
-                      values: Sequence[Any], first: int) -> list[list[dict]]:
+                      values: Sequence[Any], first: int | None) -> list[list[dict]]:
     info = reads.fields[target.name][field]
     condition = Condition(field, "in", tuple(dict.fromkeys(values)))
     rows, snapshot = await reads.delta_read(target, [condition])

@@ -119,7 +119,7 @@ class RequestContext:
             return list(await loader.load_many(list(keys)))
         return load
 
-    def related_loader(self, target: View, field_name: str, first: int) -> DataLoader:
+    def related_loader(self, target: View, field_name: str, first: int | None) -> DataLoader:
         key = (target.name, field_name, first)
         loader = self.loaders.get(key)
         if loader is None:
@@ -227,10 +227,16 @@ def _relationship_field(catalog: Catalog, view: View, rel: Relationship,
             row = await ctx.rows_loader(target).load(key_of(values, target.key))
             return [row] if allows(ctx.scope, target.name, row) else []
         assert driver is not None  # the catalog checks a relationship can be looked up
-        rows = await ctx.related_loader(target, driver, first).load(values[driver])
         rest = [Condition(t, "eq", v) for t, v in values.items() if t != driver]
+        # The index of the driving column finds the rows; other join columns and the
+        # caller's row rules on other fields are checked on the rows read. Then every
+        # candidate is read before the page is cut, so it holds the first visible rows.
+        checked_after = bool(rest) or any(
+            c.field != driver for c in rules_of(ctx.scope, target.name))
+        loader = ctx.related_loader(target, driver, None if checked_after else first)
+        rows = await loader.load(values[driver])
         return [r for r in rows if matches(r, rest, types[target.name].fields)
-                and allows(ctx.scope, target.name, r)]
+                and allows(ctx.scope, target.name, r)][:first]
 
     if rel.many:
         async def resolve_many(root: Any, info: strawberry.Info,
