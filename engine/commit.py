@@ -70,15 +70,15 @@ class ViewCommitter:
                                batch_id, self.generation, now_ms)
         return [event(k, r) for k, r in upserts.items()] + [event(k, None) for k in deletes]
 
-    def _stale_in_redis(self, batch_id: int, own: set[str]) -> dict[str, dict[str, Any] | None]:
+    def _stale_in_redis(self, batch_id: int, fence: int | None,
+                        own: set[str]) -> dict[str, dict[str, Any] | None]:
         """Rows Redis holds older than Delta (None: deleted since), outside `own`.
 
         Each batch is in Delta before the next one starts, so Redis holds batch_id - 1
-        unless it lost batches: flushed between a batch's Redis apply and its Delta commit,
-        then re-warmed by the gateway from the Delta snapshot before that batch. The rows
-        those batches changed are brought up to date with this batch, without change
-        events (theirs went out with their batches)."""
-        fence = self.redis.fence(self.generation)
+        (its `fence`) unless it lost batches: flushed between a batch's Redis apply and its
+        Delta commit, then re-warmed by the gateway from the Delta snapshot before that
+        batch. The rows those batches changed are brought up to date with this batch,
+        without change events (theirs went out with their batches)."""
         if fence is None or fence >= batch_id - 1:
             return {}
         keys = self.delta.keys_changed_after(fence) - own
@@ -111,20 +111,21 @@ class ViewCommitter:
             meta |= {"offsets": covered.offsets, "watermark": covered.watermark}
         upserts = {key_of(r, self.view.key): dict(r) for r in rows}
         deletes = {key_of(d, self.delete_on) for d in deleted}
-        old_rows = self.redis.previous_rows(self.generation, [*upserts, *deletes])
+        before = self.redis.before(self.generation, [*upserts, *deletes])
+        old_rows = before.rows
         missing = [k for k in (*upserts, *deletes) if k not in old_rows]
-        if missing and not self.redis.holds_every_row(self.generation):
+        if missing and not before.complete:
             # Redis lost rows (a flush, a restart without persistence) and the gateway has
             # not re-warmed them all yet: without their previous values an update would go
             # out as an insert, and a row leaving a filter would never reach its subscribers.
             old_rows = {**self.delta.rows(missing), **old_rows}
         events = self._events(batch_id, now_ms, upserts, deletes, old_rows)
-        stale = self._stale_in_redis(batch_id, set(upserts) | deletes)
+        stale = self._stale_in_redis(batch_id, before.fence, set(upserts) | deletes)
         stale_upserts = {k: row for k, row in stale.items() if row is not None}
         stale_deletes = {k for k, row in stale.items() if row is None}
         if stale:
             # Their index entries come from what Redis holds of them, old as it is.
-            old_rows = {**self.redis.previous_rows(self.generation, list(stale)), **old_rows}
+            old_rows = {**self.redis.before(self.generation, list(stale)).rows, **old_rows}
         status = self.redis.apply(batch_id, self.generation, {**stale_upserts, **upserts},
                                   deletes | stale_deletes, meta=meta, old_rows=old_rows,
                                   outbox=outbox_value(batch_id, events))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -31,6 +32,16 @@ from schema.storage import (
 )
 
 
+@dataclass(frozen=True)
+class Before:
+    """What Redis holds of a view's generation before a batch is applied."""
+
+    rows: dict[str, dict[str, Any]]  # the stored rows of the keys asked for
+    fence: int | None  # the last batch Redis holds (None: Redis lost the meta)
+    complete: bool  # Redis holds every row: the first batch or a full re-warm marked it so,
+    # and a flush or a restart lost the mark
+
+
 class RedisSink:
     def __init__(self, redis_url: str, view: View, fields: Mapping[str, FieldInfo]) -> None:
         self.view = view
@@ -48,24 +59,19 @@ class RedisSink:
                 entries.add((index_key(self.view.name, gen, field), *entry))
         return entries
 
-    def previous_rows(self, generation: int, keys: list[str]) -> dict[str, dict[str, Any]]:
-        """The stored rows of `keys` (absent ones left out): their index entries must go, and
-        change events carry them as `before`. Only the engine writes a view, and the apply
-        is fenced, so reading first is safe."""
-        if not keys:
-            return {}
-        stored = self.client.mget([row_key(self.view.name, generation, k) for k in keys])
-        return {k: decode_row(v) for k, v in zip(keys, stored, strict=True) if v}
-
-    def fence(self, generation: int) -> int | None:
-        """The last batch Redis holds of the generation (None: Redis lost the meta)."""
-        value = self.client.hget(meta_key(self.view.name), fence_field(generation))
-        return None if value is None else int(value)
-
-    def holds_every_row(self, generation: int) -> bool:
-        """Whether Redis holds every row of the generation: the first batch or a full
-        re-warm by the gateway marked it so, and a flush or a restart lost the mark."""
-        return bool(self.client.hexists(meta_key(self.view.name), complete_field(generation)))
+    def before(self, generation: int, keys: list[str]) -> Before:
+        """What Redis holds before a batch, in one round trip: the stored rows of `keys`
+        (their index entries must go, and change events carry them as `before`), the fence
+        and the complete mark. Only the engine writes a view, and the apply is fenced, so
+        reading first is safe."""
+        pipe = self.client.pipeline(transaction=False)
+        if keys:
+            pipe.mget([row_key(self.view.name, generation, k) for k in keys])
+        pipe.hmget(meta_key(self.view.name), fence_field(generation), complete_field(generation))
+        *stored, (fence, complete) = pipe.execute()
+        rows = zip(keys, stored[0], strict=True) if keys else ()
+        return Before({k: decode_row(v) for k, v in rows if v},
+                      None if fence is None else int(fence), complete is not None)
 
     def apply(
         self,
