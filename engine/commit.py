@@ -15,7 +15,8 @@ from typing import Any
 
 from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
-from engine.metrics import observe_rejected
+from engine.maintenance import MaintenanceSchedule, maintain
+from engine.metrics import MAINTENANCE_SECONDS, observe_rejected
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import RedisSink
@@ -36,6 +37,9 @@ from schema.storage import (
 )
 
 log = logging.getLogger("viewgate.engine.commit")
+
+# The batch each view is committing right now, for the engine's stop line.
+IN_FLIGHT: dict[str, int] = {}
 
 
 class ViewCommitter:
@@ -61,6 +65,8 @@ class ViewCommitter:
             view,
             app_id=delta_app_id(view.name, generation),
         )
+        self.target_file_bytes = settings.delta_target_file_bytes
+        self.maintenance = MaintenanceSchedule(settings.delta_maintenance_interval_s)
 
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
                 deletes: set[str], old_rows: Mapping[str, dict[str, Any]]) -> list[ChangeEvent]:
@@ -96,6 +102,14 @@ class ViewCommitter:
     ) -> int:
         """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows.
         Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
+        IN_FLIGHT[self.view.name] = batch_id
+        try:
+            return self._commit(batch_id, rows, deleted)
+        finally:
+            IN_FLIGHT.pop(self.view.name, None)
+
+    def _commit(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
+                deleted: Sequence[Mapping[str, Any]]) -> int:
         started = time.perf_counter()
         rows, keyless = split_keyless(rows, self.view.key)
         if keyless:
@@ -155,6 +169,8 @@ class ViewCommitter:
             },
         )
         failpoint("after_delta", self.view.name)
+        if self.maintenance.due():
+            self._maintain(batch_id)
         if log.isEnabledFor(logging.DEBUG):
             timings = {
                 "redis_ms": (redis_done - started) * 1000,
@@ -171,3 +187,20 @@ class ViewCommitter:
                 extra={"view": self.view.name, "batch_id": batch_id, "timings": timings},
             )
         return status
+
+    def _maintain(self, batch_id: int) -> None:
+        """Delta maintenance between this batch and the next (engine.maintenance). A
+        failure is logged and tried again an interval later: the batch is committed."""
+        try:
+            result = maintain(self.delta.path, self.view, self.target_file_bytes)
+        except Exception as exc:  # noqa: BLE001 - delta-rs raises several kinds
+            log.warning("%s: Delta maintenance after batch %d failed, next try in %.0f s: %s",
+                        self.view.name, batch_id, self.maintenance.interval_s, exc,
+                        extra={"view": self.view.name, "batch_id": batch_id})
+        else:
+            MAINTENANCE_SECONDS.labels(self.view.name).observe(result.seconds)
+            log.info("%s: Delta maintenance after batch %d took %.1f s: %d files ordered "
+                     "into %d, %d vacuumed", self.view.name, batch_id, result.seconds,
+                     result.files_removed, result.files_added, result.files_vacuumed,
+                     extra={"view": self.view.name, "batch_id": batch_id})
+        self.maintenance.done()

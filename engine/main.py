@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 
 from prometheus_client import start_http_server
 
+from engine.commit import IN_FLIGHT
 from engine.runner import Engine
 from engine.spark import build_spark
 from schema.catalog import Catalog
 from schema.logs import configure_logging
 from schema.settings import Settings
 
+log = logging.getLogger("viewgate.engine")
+
 
 def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
     configure_logging(settings)
     stop = threading.Event()
+    received: list[signal.Signals] = []
+
+    def on_signal(number: int, _frame: object) -> None:
+        received.append(signal.Signals(number))
+        # Sent to the process group, the signal stops Spark's JVM too: Py4J's complaints
+        # about it are not news then.
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     if settings.engine_metrics_port:
         try:
             start_http_server(settings.engine_metrics_port, addr=settings.engine_metrics_host)
@@ -27,10 +40,26 @@ def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
         except OSError as error:  # the views matter more than their metrics
             say(f"engine: no metrics, port {settings.engine_metrics_port}: {error}")
     spark = build_spark(settings)
+    engine = Engine(spark, settings, catalog)
     try:
-        engine = Engine(spark, settings, catalog)
         queries = engine.start()
         say(f"engine: {len(queries)} queries running: {', '.join(q.name for q in queries)}")
-        engine.run_until_stopped(stop)
+        engine.run_until_stopped(stop, on_stop=lambda: _stopping(received))
     finally:
+        _stop_spark(spark)
+
+
+def _stopping(received: list[signal.Signals]) -> None:
+    """One line that says why the engine stops and what was in flight."""
+    cause = received[0].name if received else "request"
+    flight = ", ".join(f"{view} batch {batch}" for view, batch in sorted(IN_FLIGHT.items()))
+    log.info("engine stopping on %s; %s", cause,
+             f"commits in flight: {flight} (replayed from the checkpoint at the next start)"
+             if flight else "no commit in flight")
+
+
+def _stop_spark(spark) -> None:
+    try:
         spark.stop()
+    except Exception:  # noqa: BLE001 - the JVM stopped first (SIGTERM to the process group)
+        log.info("Spark's JVM had stopped already")

@@ -35,6 +35,10 @@ QUERY_FAILURES = Counter("viewgate_view_query_failures",
 REJECTED_ROWS = Counter("viewgate_view_rejected_rows",
                         "View rows left out because their key is null (dead-lettered).",
                         ["view"])
+MAINTENANCE_SECONDS = Histogram(
+    "viewgate_engine_maintenance_seconds",
+    "Time a view's Delta maintenance took (ordering by key, vacuum, log checkpoint); the "
+    "view's next batch waited for it.", ["view"], buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60))
 DEAD_LETTERS = Counter("viewgate_dead_letters",
                        "Malformed source records sent to the dead-letter topic.", ["source"])
 

@@ -29,6 +29,7 @@ from engine.generations import (
     retire_generation,
     switch_generation,
 )
+from engine.maintenance import configure_table
 from engine.runner import record_progress
 from engine.sinks.delta_sink import ensure_table
 from engine.topics import ensure_view_topics
@@ -124,7 +125,9 @@ def rebuild_view(
             live = reconcile_generation(settings, client, view.name)
             new = live + 1
             discard_generations_above(settings, client, view.name, live)
-            ensure_table(spark, delta_table_path(settings.delta_location, view.name, new), schema)
+            path = delta_table_path(settings.delta_location, view.name, new)
+            ensure_table(spark, path, schema)
+            configure_table(path, view, settings.delta_target_file_bytes)
             record_progress(spark, settings.redis_url)
 
             first = log_range(settings.kafka_bootstrap, source.topic)

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 
 import redis
 from pyspark.sql import SparkSession
@@ -16,6 +17,7 @@ from pyspark.sql.streaming import StreamingQuery
 from engine.analysis import analyse
 from engine.failures import summarize
 from engine.generations import reconcile_generation
+from engine.maintenance import configure_table
 from engine.progress import ProgressRecorder
 from engine.sinks.delta_sink import ensure_table
 from engine.topics import ensure_view_topics
@@ -53,7 +55,9 @@ def prepare(spark: SparkSession, settings: Settings, catalog: Catalog) -> dict[s
     try:
         for name, schema in schemas.items():
             generation = reconcile_generation(settings, client, name)
-            ensure_table(spark, delta_table_path(settings.delta_location, name, generation), schema)
+            path = delta_table_path(settings.delta_location, name, generation)
+            ensure_table(spark, path, schema)
+            configure_table(path, catalog.view(name), settings.delta_target_file_bytes)
             prepared[name] = generation
     finally:
         client.close()
@@ -116,7 +120,8 @@ class Engine:
                 moved.append(name)
         return moved
 
-    def run_until_stopped(self, stop: threading.Event, poll_s: float = 1.0) -> None:
+    def run_until_stopped(self, stop: threading.Event, poll_s: float = 1.0,
+                          on_stop: Callable[[], None] = lambda: None) -> None:
         """Block until `stop` is set. A query that fails (Kafka unreachable, Redis down, a
         bug) is restarted from its checkpoint after a growing pause, so nothing is lost or
         counted twice; its error is in the view's meta and metrics meanwhile."""
@@ -133,8 +138,18 @@ class Engine:
                             self.other_queries[i] = self._restart_other(query.name)
                 self.follow_rebuilds()
         finally:
-            for query in self.queries:
+            on_stop()
+            self.stop_queries()
+
+    def stop_queries(self) -> bool:
+        """Stop every query; False when Spark's JVM is gone already (a SIGTERM to the whole
+        process group, as systemd and Kubernetes send it, reaches the JVM too)."""
+        for query in self.queries:
+            try:
                 query.stop()
+            except Exception:  # noqa: BLE001 - Py4J and PySpark errors of a dead JVM vary
+                return False
+        return True
 
     def _restart_other(self, name: str) -> StreamingQuery:
         source = self.catalog.sources[name.split(":", 1)[1]]

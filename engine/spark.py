@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from pyspark.sql import SparkSession
 
 from schema.settings import Settings
@@ -19,6 +22,7 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
             f"(looked in {settings.jar_dir / 'spark'}). Run `viewgate setup`, or set "
             "VIEWGATE_SPARK_JARS to a comma-separated list of jar paths."
         )
+    python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)
@@ -49,6 +53,13 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.databricks.delta.properties.defaults.enableChangeDataFeed", "true")
         .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+        # Checkpoints keep this many batches (offsets, commits, state versions), no more.
+        # Python workers run this interpreter (the project's virtualenv), not whatever
+        # `python3` comes first on PATH (PySpark reads PYSPARK_PYTHON, set below).
+        .config("spark.pyspark.python", python)
+        .config("spark.pyspark.driver.python", sys.executable)
+        .config("spark.sql.streaming.minBatchesToRetain",
+                str(settings.spark_min_batches_to_retain))
     )
     for key, value in settings.spark_conf.items():
         builder = builder.config(key, value)

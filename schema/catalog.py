@@ -63,6 +63,9 @@ class View:
     dimensions: tuple[str, ...] = ()  # views joined as static tables, registered by view name
     trigger: str = "1 second"  # Spark processing-time trigger
     retention: str = "7 days"  # change-feed retention
+    # How far back `asOf` reaches: Delta keeps the files and log entries of older versions
+    # this long, then maintenance vacuums them (see engine.maintenance).
+    history: str = "1 day"
     grants: tuple[Grant, ...] = ()  # who may read it besides the admin role (schema.permissions)
 
 
@@ -428,7 +431,8 @@ def _check_view(catalog: Catalog, name: str, v: View,
             out.append(problem(None, f"unknown dimension view {dim!r}",
                                f"use one of: {', '.join(sorted(catalog.views))}"))
 
-    for field, text in (("trigger", v.trigger), ("retention", v.retention)):
+    for field, text in (("trigger", v.trigger), ("retention", v.retention),
+                        ("history", v.history)):
         try:
             parse_duration_ms(text, TRIGGER_UNITS if field == "trigger" else _UNIT_MS)
         except ValueError:

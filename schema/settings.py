@@ -74,6 +74,25 @@ class Settings(BaseSettings):
         "every event for bad ones and are not on the freshness path, so they run less often "
         "than the views and leave them the CPU.",
     )
+    spark_min_batches_to_retain: int = Field(
+        100,
+        description="Micro-batches whose offsets, commits and state each Spark checkpoint "
+        "keeps (spark.sql.streaming.minBatchesToRetain): what a restart can replay from; "
+        "older ones are deleted, so checkpoints stay bounded.",
+    )
+    delta_target_file_bytes: int = Field(
+        1024 * 1024,
+        description="Target size of the Parquet files of a view's Delta table "
+        "(delta.targetFileSize): a batch's MERGE rewrites only the files whose key range "
+        "holds a key it changes, so smaller files make a batch cheaper on a large view (8 MiB "
+        "files made a batch on 2 million orders rewrite 445,000 rows, 1 MiB files 70,000).",
+    )
+    delta_maintenance_interval_s: float = Field(
+        600.0,
+        description="How often the engine maintains each view's Delta table between two of "
+        "its batches: files compacted and ordered by key, versions older than the view's "
+        "`history` vacuumed, the log checkpointed and its old entries removed. 0 turns it off.",
+    )
     spark_conf: dict[str, str] = Field(
         default_factory=dict,
         description='Extra Spark configuration as JSON, e.g. {"spark.executor.memory": "4g"}.',

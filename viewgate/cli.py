@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import typer
@@ -216,9 +218,20 @@ def produce(
     """Write realistic demo shop events (orders, customers, updates, deletes, late events)."""
     from viewgate.demo_events import produce as produce_events
 
-    sent = produce_events(
-        get_settings().kafka_bootstrap, rate=rate, seed=seed, count=count, duration=duration
-    )
+    # Ctrl-C or SIGTERM stops producing; what was sent is delivered and counted first.
+    stop, stopped_by = threading.Event(), []
+
+    def on_signal(number: int, _frame: object) -> None:
+        stopped_by.append(signal.Signals(number))
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    sent = produce_events(get_settings().kafka_bootstrap, rate=rate, seed=seed, count=count,
+                          duration=duration, stop=stop)
+    if stopped_by:
+        console.print(f"produced {sent} events (stopped by {stopped_by[0].name})")
+        raise typer.Exit(128 + stopped_by[0].value)
     console.print(f"produced {sent} events")
 
 

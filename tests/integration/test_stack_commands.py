@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from viewgate.stack import jars
 from viewgate.stack.errors import StackError
 from viewgate.stack.install import ensure_java
 from viewgate.stack.kafka import KafkaBroker, broker_healthy
-from viewgate.stack.process import free_port, pid_alive
+from viewgate.stack.process import free_port, pid_alive, wait_until
 from viewgate.stack.redis_server import RedisServer, redis_healthy
 
 pytestmark = pytest.mark.integration
@@ -136,3 +138,35 @@ def test_pid_files_hold_the_started_pid(tmp_path):
     finally:
         server.stop()
     assert not server.pid_path.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_produce_stopped_by_a_signal_says_what_it_delivered(settings, sig):
+    env = {**os.environ, "VIEWGATE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+    before = _offsets(settings.kafka_bootstrap, "orders")
+    process = subprocess.Popen([sys.executable, "-m", "viewgate", "produce", "--rate", "200"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        # Running: it has connected and is producing (its first events are delivered).
+        wait_until(lambda: _offsets(settings.kafka_bootstrap, "orders") > before, timeout_s=60,
+                   what="produce delivers events")
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + sig.value, err
+    match = re.search(rf"produced (\d+) events \(stopped by {sig.name}\)", out)
+    assert match, out + err
+    assert int(match.group(1)) > 0
+    assert "Traceback" not in err
+
+
+def _offsets(bootstrap: str, topic: str) -> int:
+    from engine.rebuild import log_range
+
+    try:
+        return sum(high for _, high in log_range(bootstrap, topic, timeout_s=5).values())
+    except Exception:  # noqa: BLE001 - the topic does not exist yet
+        return 0

@@ -1,0 +1,132 @@
+"""A view's Delta table stays cheap to change as it grows: a batch's MERGE rewrites only
+the files its keys fall in, and maintenance orders the table by key again, keeps `asOf`
+working within the view's history, and checkpoints the log. Real Delta tables (delta-rs),
+no Spark."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from engine.maintenance import (
+    MaintenanceSchedule,
+    configure_table,
+    maintain,
+    table_properties,
+)
+from engine.sinks.delta_sink import DeltaSink
+from schema import demo
+from schema.catalog import Catalog
+from schema.errors import CatalogError
+from schema.storage import delta_app_id
+
+VIEW = demo.CUSTOMER  # keyed by customer_id
+SCHEMA = pa.schema([("customer_id", pa.string()), ("name", pa.string()),
+                    ("tier", pa.string()), ("country", pa.string())])
+
+
+def _rows(first: int, count: int, tier: str = "gold") -> list[dict]:
+    return [{"customer_id": f"C{i:06d}", "name": f"n{i}", "tier": tier, "country": "NL"}
+            for i in range(first, first + count)]
+
+
+def _table_in_files(path: str, files: int, per_file: int) -> None:
+    """`files` files, each a narrow key range, as maintenance leaves a table."""
+    for f in range(files):
+        write_deltalake(path, pa.Table.from_pylist(_rows(f * per_file, per_file), SCHEMA),
+                        mode="append")
+
+
+def _last_metrics(path: str) -> dict:
+    return DeltaTable(path).history(1)[0]["operationMetrics"]
+
+
+def test_a_merge_rewrites_only_the_files_its_keys_fall_in(tmp_path):
+    path = str(tmp_path / "Customer")
+    _table_in_files(path, files=20, per_file=500)
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    # Updates within the last file's key range, a delete there, and new keys after it.
+    updates = _rows(9_700, 50, tier="platinum") + _rows(10_000, 30)
+    deleted = [{"customer_id": "C009990"}]
+    assert sink.merge(1, updates, deleted, VIEW.key, metadata={"batch_id": 1})
+
+    metrics = _last_metrics(path)
+    # Pruned by the files' key statistics before the scan (a streamed MERGE scans all 20).
+    assert metrics["num_target_files_scanned"] == 1
+    assert metrics["num_target_files_removed"] == 1
+    assert metrics["num_target_rows_copied"] < 500  # of 10,000 rows
+    table = DeltaTable(path).to_pyarrow_table()
+    tiers = dict(zip(table["customer_id"].to_pylist(), table["tier"].to_pylist(), strict=True))
+    assert len(tiers) == 10_000 + 30 - 1
+    assert tiers["C009700"] == "platinum" and tiers["C000000"] == "gold"
+    assert "C009990" not in tiers and tiers["C010029"] == "gold"
+
+
+def test_maintenance_orders_by_key_and_keeps_history(tmp_path):
+    path = str(tmp_path / "Customer")
+    write_deltalake(path, pa.Table.from_pylist([], SCHEMA))
+    configure_table(path, VIEW, target_file_bytes=64 * 1024)
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    # Batches whose keys interleave: every file's key range spans the whole table.
+    for batch in range(8):
+        rows = [r for i, r in enumerate(_rows(0, 4_000)) if i % 8 == batch]
+        sink.merge(batch, rows, [], VIEW.key, metadata={"batch_id": batch})
+    before = DeltaTable(path)
+    version_before = before.version()
+    content_before = before.to_pyarrow_table().sort_by("customer_id")
+
+    result = maintain(path, VIEW, target_file_bytes=64 * 1024)
+
+    table = DeltaTable(path)
+    assert result.files_removed >= 8 and result.files_added >= 1
+    assert table.to_pyarrow_table().sort_by("customer_id").equals(content_before)
+    # Each file now holds a key range no other file overlaps.
+    actions = pa.table(table.get_add_actions(flatten=True)).sort_by("min.customer_id")
+    lows, highs = actions["min.customer_id"].to_pylist(), actions["max.customer_id"].to_pylist()
+    assert all(high < low for high, low in zip(highs, lows[1:], strict=False))
+    # Within the view's history (a day) earlier versions still read: asOf keeps working.
+    table.load_as_version(version_before)
+    assert table.to_pyarrow_table().num_rows == 4_000
+    assert any(p.name.endswith(".checkpoint.parquet")
+               for p in (tmp_path / "Customer" / "_delta_log").iterdir())
+    # Idempotency records survive maintenance: a replayed batch is still refused.
+    assert not DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0)).merge(
+        7, [], [], VIEW.key, metadata={"batch_id": 7})
+
+
+def test_table_properties_follow_the_views_history(tmp_path):
+    props = table_properties(VIEW, 1024)
+    assert props["delta.logRetentionDuration"] == "interval 86400 seconds"
+    assert props["delta.deletedFileRetentionDuration"] == "interval 86400 seconds"
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.Table.from_pylist([], SCHEMA))
+    configure_table(path, VIEW, 1024)
+    version = DeltaTable(path).version()
+    configure_table(path, VIEW, 1024)  # unchanged: no new commit
+    assert DeltaTable(path).version() == version
+    assert DeltaTable(path).metadata().configuration["delta.targetFileSize"] == "1024"
+
+
+def test_an_unreadable_history_is_refused_with_the_fix():
+    from dataclasses import replace
+    view = replace(VIEW, history="forever")
+    try:
+        Catalog.of(sources=[demo.CUSTOMERS], views=[view]).validate()
+    except CatalogError as error:
+        text = str(error)
+        assert "history" in text and "forever" in text
+    else:
+        raise AssertionError("a history of 'forever' was accepted")
+
+
+def test_maintenance_schedule():
+    now = [100.0]
+    schedule = MaintenanceSchedule(60.0, clock=lambda: now[0])
+    assert not schedule.due()
+    now[0] = 160.0
+    assert schedule.due()
+    schedule.done()
+    assert not schedule.due()
+    now[0] = 219.0
+    assert not schedule.due()
+    assert not MaintenanceSchedule(0.0, clock=lambda: 1e9).due()
