@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -105,6 +106,9 @@ SLIDING_SALES = dataclasses.replace(
 def shop(spark, settings, tmp_path_factory):
     """Run the engine over seeded demo events in three rounds, as the tests below read."""
     settings = isolated(settings, tmp_path_factory.mktemp("engine"), redis_db=1)
+    # Delta maintenance after every batch, so every test below also checks that it changes
+    # nothing a reader sees.
+    settings = settings.model_copy(update={"delta_maintenance_interval_s": 0.001})
     test_catalog = catalog_on("engine-test")
     catalog = Catalog.of(
         test_catalog.sources.values(), [*test_catalog.views.values(), SLIDING_SALES]
@@ -172,6 +176,18 @@ def test_enriched_upsert_view_applies_updates_and_tombstones(shop):
         assert ts(row["ts"]) == ts(want["ts"])
     delta = delta_frame(shop["settings"], "Order")
     assert set(delta["order_id"]) == set(latest)
+
+
+def test_delta_tables_are_maintained_between_batches(shop):
+    settings = shop["settings"]
+    path = delta_table_path(settings.delta_location, "Order", 0)
+    table = DeltaTable(path)
+    operations = [commit["operation"] for commit in table.history()]
+    assert "OPTIMIZE" in operations, operations
+    assert any(p.name.endswith(".checkpoint.parquet") for p in Path(path, "_delta_log").iterdir())
+    # What readers see is what the batches wrote: Delta holds Redis's rows.
+    rows = redis_rows(shop["redis"], "Order")
+    assert sorted(table.to_pyarrow_table()["order_id"].to_pylist()) == sorted(rows)
 
 
 def test_aggregate_view_matches_a_batch_computation(shop):
