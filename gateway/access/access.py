@@ -1,7 +1,7 @@
-"""The gateway's access control, wired once per app: who is asking (gateway.auth), which
-schema that role queries (gateway.role_schemas), and the 401 answer.
+"""The gateway's access control, wired once per app: who is asking (gateway.access.auth), which
+schema that role queries (gateway.access.role_schemas), and the 401 answer.
 
-Compiled queries (gateway.fastpath) are planned against the admin schema and read rows
+Compiled queries (gateway.compiled.fastpath) are planned against the admin schema and read rows
 without row rules, so only admin requests take them; every other role is answered by the
 general path, whose resolvers apply the rules. That keeps authorization in one place.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from gateway.auth import (
+from gateway.access.auth import (
     ROLE_HEADER,
     Authenticator,
     Principal,
@@ -21,7 +21,7 @@ from gateway.auth import (
     unauthorized_body,
     www_authenticate,
 )
-from gateway.role_schemas import RoleSchemas, granted_roles
+from gateway.access.role_schemas import RoleSchemas, granted_roles
 from schema.catalog import Catalog, FieldInfo
 from schema.settings import Settings
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from gateway.row_rules import ClaimError, RowScope, build_scope
-from gateway.tokens import TokenError, TokenVerifier
+from gateway.access.row_rules import ClaimError, RowScope, build_scope
+from gateway.access.tokens import TokenError, TokenVerifier
 from schema.catalog import Catalog, FieldInfo
 from schema.permissions import claim_value
 from schema.settings import Settings

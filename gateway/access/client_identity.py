@@ -8,6 +8,10 @@ import hashlib
 from collections.abc import MutableMapping
 from typing import Any
 
+# Where the per-client entry (gateway.http.limit_entry) leaves a websocket's client key in
+# its ASGI scope, for the websocket handlers (gateway.subscriptions.ws_admission).
+CLIENT_SCOPE_KEY = "viewgate.client"
+
 
 def client_key(scope: MutableMapping[str, Any], address_header: str | None = None) -> str:
     """`token:<sha256 prefix>` or `addr:<address>` for an ASGI http or websocket scope."""

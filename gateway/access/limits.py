@@ -35,9 +35,9 @@ from strawberry.extensions import (
     ValidationCache,
 )
 
-from gateway.expansion import guarded_rules
-from gateway.filters import QueryError
-from gateway.operation_choice import RequireOperationName
+from gateway.access.expansion import guarded_rules
+from gateway.access.operation_choice import RequireOperationName
+from gateway.reads.filters import QueryError
 from schema.settings import Settings
 
 PAGED_ARGUMENTS = ("first", "last")
@@ -48,7 +48,7 @@ def schema_extensions(settings: Settings) -> list[Callable[[], SchemaExtension]]
     depth = QueryDepthLimiter(max_depth=settings.gateway_max_depth).validation_rules
     aliases = MaxAliasesLimiter(max_alias_count=settings.gateway_max_aliases).validation_rules
     # The depth and alias limiters expand every fragment spread: a fragment-spread bomb
-    # is refused (gateway.expansion) before they see it.
+    # is refused (gateway.access.expansion) before they see it.
     guarded = [guarded_rules([*depth, *aliases], settings.gateway_max_fields)]
     size = settings.gateway_document_cache_size
     extensions: list[Callable[[], SchemaExtension]] = [

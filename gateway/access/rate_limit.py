@@ -1,4 +1,4 @@
-"""Request rate limits: one token bucket per client (gateway.client_identity) in Redis,
+"""Request rate limits: one token bucket per client (gateway.access.client_identity) in Redis,
 shared by every gateway process, taken by one atomic script call (one EVALSHA round trip).
 
 The bucket holds up to `burst` tokens and gains `rate` per second; a request takes one or

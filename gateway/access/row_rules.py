@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway.filters import Condition, matches
+from gateway.reads.filters import Condition, matches
 from schema.catalog import Catalog, FieldInfo
 from schema.permissions import claim_value
 from schema.storage import ChangeEvent, from_json_value

@@ -1,12 +1,12 @@
 """A lean ASGI entry in front of the router for `/graphql` requests whose document has a
-compiled plan (gateway.fastpath): the hot path skips Starlette's routing, Request and
+compiled plan (gateway.compiled.fastpath): the hot path skips Starlette's routing, Request and
 Response objects and sends the plan's bytes itself.
 
 It answers only when the request is plainly valid (POST with a JSON object body or GET
 with a `query` parameter, an acceptable media type, no `minVersion`, a caller of the admin
-role: gateway.access) and the plan ran; for anything else (a bad token too) it hands the
+role: gateway.access.access) and the plan ran; for anything else (a bad token too) it hands the
 request, with the body it already read, to the router, so every status code, media type
-and error stays the general path's (gateway.http).
+and error stays the general path's (gateway.http.http).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from gateway.auth import ROLE_HEADER
-from gateway.http import JSON, BadRequest, GraphQLHTTP, negotiate, parse_params
-from gateway.metrics import observe_request
+from gateway.access.auth import ROLE_HEADER
+from gateway.http.http import JSON, BadRequest, GraphQLHTTP, negotiate, parse_params
+from gateway.ops.metrics import observe_request
 
 ROLE_HEADER_BYTES = ROLE_HEADER.encode()
 

@@ -1,6 +1,6 @@
-"""What compiled plans (gateway.fastpath, gateway.fastlists) share: how a selection of
-scalar fields is compiled into columns and how a stored row is laid out with them, with
-the schema's own scalar serializers so the bytes match the general path's."""
+"""What compiled plans (gateway.compiled.fastpath, gateway.compiled.fastlists) share: how
+a selection of scalar fields is compiled into columns and how a stored row is laid out with
+them, with the schema's own scalar serializers so the bytes match the general path's."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from graphql import (
     GraphQLString,
 )
 
-from gateway.types import ViewTypes
+from gateway.types.types import ViewTypes
 from schema.storage import from_json_value
 
 

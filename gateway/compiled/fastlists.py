@@ -2,7 +2,7 @@
 `totalCount`) whose nodes select scalar fields and to-one relationships by key, each
 selecting scalar fields.
 
-The page itself comes from the resolver's own code (gateway.types.connection_page) with
+The page itself comes from the resolver's own code (gateway.types.types.connection_page) with
 arguments coerced and converted as graphql-core and Strawberry do it for the general path;
 the plan only replaces graphql-core's per-field execution: the related rows of a page are
 read in one batched read per relationship and every value is serialized by the schema's
@@ -19,7 +19,7 @@ from graphql.execution.values import VariableValues, get_argument_values
 from strawberry.types.arguments import convert_arguments
 from strawberry.utils.str_converters import to_camel_case
 
-from gateway.fastlayout import (
+from gateway.compiled.fastlayout import (
     Column,
     NotCompilable,
     column,
@@ -30,10 +30,10 @@ from gateway.fastlayout import (
     unique,
     value,
 )
-from gateway.filters import encode_cursor
-from gateway.freshness import Freshness
-from gateway.reads import Reads
-from gateway.types import ViewTypes, connection_page
+from gateway.reads.filters import encode_cursor
+from gateway.reads.freshness import Freshness
+from gateway.reads.reads import Reads
+from gateway.types.types import ViewTypes, connection_page
 from schema.catalog import Relationship
 from schema.storage import from_json_value, key_of
 

@@ -2,7 +2,7 @@
 
 A document that executed cleanly through Strawberry (so it parsed, validated and passed
 every limit) and consists only of lookups by key selecting scalar fields, and of lists
-(gateway.fastlists), is compiled once into a plan: which rows to load (the same
+(gateway.compiled.fastlists), is compiled once into a plan: which rows to load (the same
 `Reads.rows`, so the same Redis reads and Delta fallback) and how to lay out the answer.
 Running the plan skips parsing, validation and graphql-core's per-field machinery; values
 are serialized by the schema's own scalar types, so the bytes match what the general path
@@ -36,12 +36,12 @@ from graphql import (
 from graphql.error import GraphQLError
 from graphql.execution.values import get_variable_values
 
-from gateway.fastlayout import Column, NotCompilable, column, fields, layout, unique
-from gateway.fastlists import ListPlan, compile_list
-from gateway.freshness import Freshness
-from gateway.limits import query_cost
-from gateway.reads import Reads
-from gateway.types import ViewTypes, list_name, lookup_name
+from gateway.access.limits import query_cost
+from gateway.compiled.fastlayout import Column, NotCompilable, column, fields, layout, unique
+from gateway.compiled.fastlists import ListPlan, compile_list
+from gateway.reads.freshness import Freshness
+from gateway.reads.reads import Reads
+from gateway.types.types import ViewTypes, list_name, lookup_name
 from schema.storage import key_of
 
 _MAX_INT = 2**31 - 1

@@ -29,16 +29,15 @@ from strawberry.types import ExecutionResult
 from strawberry.types.execution import PreExecutionError
 from strawberry.types.graphql import OperationType
 
-from gateway.access import unauthorized
-from gateway.auth import Principal, Unauthenticated
-from gateway.body import BadContentLength, BodyTooLarge, read_limited
-from gateway.fastpath import FastPath
-from gateway.filters import QueryError
-from gateway.freshness import parse_min_versions, wait_for_versions
-from gateway.limits import limit_code
-from gateway.metrics import ERRORS, observe_request
-from gateway.persisted import PersistedQueries, PersistedQueryError
-from gateway.types import RequestContext
+from gateway.access.access import unauthorized
+from gateway.access.auth import Principal, Unauthenticated
+from gateway.access.limits import limit_code
+from gateway.access.persisted import PersistedQueries, PersistedQueryError
+from gateway.http.body import BadContentLength, BodyTooLarge, read_limited
+from gateway.ops.metrics import ERRORS, observe_request
+from gateway.reads.filters import QueryError
+from gateway.reads.freshness import parse_min_versions, wait_for_versions
+from gateway.types.types import RequestContext
 from schema.logs import REQUEST_ID
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
@@ -137,14 +136,16 @@ class GraphQLHTTP:
     """The /graphql endpoint."""
 
     def __init__(self, schema: Any, reads: Any, catalog: Any, settings: Any,
-                 fast: FastPath | None, access: Any = None,
+                 fast: Any, access: Any = None,
                  persisted: PersistedQueries | None = None) -> None:
         self.schema = schema
-        self.access = access  # gateway.access.Access; None: no authentication (tests)
+        self.access = access  # gateway.access.access.Access; None: no authentication (tests)
         self.persisted = persisted
         self.reads = reads
         self.catalog = catalog
         self.settings = settings
+        # gateway.compiled.fastpath.FastPath, handed in by gateway.app (this package is
+        # below the compiled one); None: every request takes the general path.
         self.fast = fast
         self.ide = get_graphql_ide_html(graphql_ide="graphiql")
 
@@ -214,8 +215,8 @@ class GraphQLHTTP:
 
     async def fast_answer(self, req: GraphQLRequest, authorization: str | None = None,
                           role: str | None = None) -> bytes | None:
-        """The compiled plan's answer (gateway.fast_http sends it), or None: no plan, a
-        minimum version to wait for, a caller other than the admin role (gateway.access),
+        """The compiled plan's answer (gateway.compiled.fast_http sends it), or None: no plan, a
+        minimum version to wait for, a caller other than the admin role (gateway.access.access),
         or the plan declined; then this endpoint answers."""
         if self.fast is None or (req.extensions or {}).get("minVersion") is not None:
             return None

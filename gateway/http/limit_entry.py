@@ -15,17 +15,15 @@ from typing import Any
 
 import orjson
 
-from gateway.client_identity import client_key
-from gateway.client_limits import ClientCounts
-from gateway.http import JSON, negotiate
-from gateway.rate_limit import LIMITED, RateLimiter
+from gateway.access.client_identity import CLIENT_SCOPE_KEY, client_key
+from gateway.access.client_limits import ClientCounts
+from gateway.access.rate_limit import LIMITED, RateLimiter
+from gateway.http.http import JSON, negotiate
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-CLIENT_SCOPE_KEY = "viewgate.client"  # the client's key, for the websocket handlers
 
 
 class LimitEntry:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from gateway.filters import Condition, QueryError
+from gateway.reads.filters import Condition, QueryError
 from schema.catalog import View
 from schema.storage import (
     commit_batch_id,

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.filters import QueryError
+from gateway.reads.filters import QueryError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.filters import Condition, is_string, sortable
+from gateway.reads.filters import Condition, is_string, sortable
 from schema.catalog import FieldInfo
 from schema.storage import INDEX_SEPARATOR
 

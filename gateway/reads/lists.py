@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.delta_store import AsOf
-from gateway.filters import (
+from gateway.reads.delta_store import AsOf
+from gateway.reads.filters import (
     Condition,
     Order,
     Page,
@@ -27,10 +27,10 @@ from gateway.filters import (
     paginate,
     sort_key,
 )
-from gateway.freshness import Freshness
-from gateway.indexes import Range, after_cursor, ranges
-from gateway.reads import Reads, seen_delta, seen_redis
-from gateway.redis_store import Meta, RedisUnavailable
+from gateway.reads.freshness import Freshness
+from gateway.reads.indexes import Range, after_cursor, ranges
+from gateway.reads.reads import Reads, seen_delta, seen_redis
+from gateway.reads.redis_store import Meta, RedisUnavailable
 from schema.catalog import View
 from schema.storage import key_of, split_index_member
 
@@ -46,7 +46,7 @@ class ListResult:
 
 
 class Incomplete(Exception):
-    """Redis's indexes of the view may be partial (see gateway.reads)."""
+    """Redis's indexes of the view may be partial (see gateway.reads.reads)."""
 
 
 async def list_rows(reads: Reads, fresh: Freshness, load: RowLoader, view: View,

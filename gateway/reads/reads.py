@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
-from gateway.delta_store import AsOf, DeltaStore, Snapshot
-from gateway.filters import Condition
-from gateway.freshness import Freshness, Seen
-from gateway.metrics import DELTA_READS, REDIS_ROWS
-from gateway.redis_store import Meta, RedisStore, RedisUnavailable
+from gateway.ops.metrics import DELTA_READS, REDIS_ROWS
+from gateway.reads.delta_store import AsOf, DeltaStore, Snapshot
+from gateway.reads.filters import Condition
+from gateway.reads.freshness import Freshness, Seen
+from gateway.reads.redis_store import Meta, RedisStore, RedisUnavailable
 from schema.catalog import Catalog, FieldInfo, View, graphql_fields
 from schema.settings import Settings
 from schema.storage import (

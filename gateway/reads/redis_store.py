@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.indexes import PAGE_BY_SCORE_LUA, Range
+from gateway.reads.indexes import PAGE_BY_SCORE_LUA, Range
 from schema.storage import (
     META_COMMITTED_AT_MS,
     META_GENERATION,

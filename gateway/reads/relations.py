@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.filters import Condition, is_string, sortable
-from gateway.freshness import Freshness
-from gateway.indexes import ranges
-from gateway.lists import Incomplete, RowLoader, check_complete
-from gateway.reads import Reads, seen_delta
-from gateway.redis_store import RedisUnavailable
+from gateway.reads.filters import Condition, is_string, sortable
+from gateway.reads.freshness import Freshness
+from gateway.reads.indexes import ranges
+from gateway.reads.lists import Incomplete, RowLoader, check_complete
+from gateway.reads.reads import Reads, seen_delta
+from gateway.reads.redis_store import RedisUnavailable
 from schema.catalog import View
 from schema.storage import key_of, split_index_member
 

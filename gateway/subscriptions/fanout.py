@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.feed import FeedConsumer, FeedEvent
-from gateway.feed_history import FeedHistory
-from gateway.filters import QueryError
-from gateway.reads import Reads
-from gateway.redis_store import RedisUnavailable
-from gateway.subscribers import SubscriberIndex
+from gateway.reads.filters import QueryError
+from gateway.reads.reads import Reads
+from gateway.reads.redis_store import RedisUnavailable
+from gateway.subscriptions.feed import FeedConsumer, FeedEvent
+from gateway.subscriptions.feed_history import FeedHistory
+from gateway.subscriptions.subscribers import SubscriberIndex
 from schema.catalog import Catalog
 from schema.settings import Settings
 from schema.storage import changefeed_topic, read_current_generation

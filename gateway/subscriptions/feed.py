@@ -3,9 +3,9 @@
 A confluent-kafka consumer in a thread of its own, with a manual assignment of each view's
 feed topic (one partition) and no consumer group: every gateway process sees every event
 and serves its own subscribers, with no coordination. It starts at the end of each topic
-(subscribers that resume read history with gateway.feed_history) and hands events to the
-asyncio loop in batches, waiting for each batch to be dispatched, so a burst of events
-never piles up in memory here.
+(subscribers that resume read history with gateway.subscriptions.feed_history) and hands
+events to the asyncio loop in batches, waiting for each batch to be dispatched, so a burst
+of events never piles up in memory here.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.filters import QueryError
+from gateway.reads.filters import QueryError
 
 CURSOR_PREFIX = "vgc1."  # tells a feed cursor from a list cursor, and versions the format
 

@@ -1,7 +1,7 @@
 """Reading a view's change feed backwards from the live end, for subscriptions that resume:
 its retained range, where the changes after a version begin, and the events between two
 offsets. Each call uses a short-lived consumer in a worker thread (the live reader,
-gateway.feed, never seeks)."""
+gateway.subscriptions.feed, never seeks)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from confluent_kafka import Consumer, TopicPartition
 
-from gateway.feed import FeedEvent, consumer_config, parse
+from gateway.subscriptions.feed import FeedEvent, consumer_config, parse
 
 CHUNK_EVENTS = 500
 READ_TIMEOUT_S = 30.0

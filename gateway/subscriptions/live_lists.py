@@ -13,8 +13,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway.filters import Condition
-from gateway.subscribers import Subscriber
+from gateway.reads.filters import Condition
+from gateway.subscriptions.subscribers import Subscriber
 
 log = logging.getLogger("viewgate.gateway.live")
 

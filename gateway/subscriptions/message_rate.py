@@ -3,7 +3,7 @@
 In-process and per connection on purpose: a connection lives in one gateway process, and
 the budget is what keeps one client's message flood (pings, subscribe/complete churn) from
 taking the event loop from everyone else. Requests over HTTP have their own limit in Redis
-(gateway.rate_limit); this one needs no round trip per message.
+(gateway.access.rate_limit); this one needs no round trip per message.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """One execution per change for the subscribers that asked the same thing.
 
 A change message (and a live list's page) is one Python object however many subscribers
-it goes to (gateway.subscriptions builds it once). For each event graphql-core executes
-every subscription's selection set over that object, so 10,000 subscribers of one key
-cost 10,000 identical executions. Subscribers with the same document, variables and
-scope (`share_scope` of the connection's context: whatever else a result depends on,
-such as the role) get the same result, so the first execution is kept on the message and
-the others take it.
+it goes to (gateway.subscriptions.subscriptions builds it once). For each event
+graphql-core executes every subscription's selection set over that object, so 10,000
+subscribers of one key cost 10,000 identical executions. Subscribers with the same
+document, variables and scope (`share_scope` of the connection's context: whatever else a
+result depends on, such as the role) get the same result, so the first execution is kept
+on the message and the others take it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.filters import Condition, matches
+from gateway.reads.filters import Condition, matches
 from schema.catalog import FieldInfo
 from schema.storage import ChangeEvent
 
@@ -93,7 +93,7 @@ class Subscriber:
 
 
 class LiveQuery(Protocol):
-    """A shared evaluation (gateway.live_lists) the index notifies of changes."""
+    """A shared evaluation (gateway.subscriptions.live_lists) the index notifies of changes."""
 
     conditions: Sequence[Condition]
 

@@ -22,18 +22,18 @@ from typing import Any
 import strawberry
 from strawberry.dataloader import DataLoader
 
-from gateway.fanout import GENERATION_CHANGED, Fanout, rebuilt_error
-from gateway.feed import FeedEvent
-from gateway.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
-from gateway.filters import Condition, QueryError
-from gateway.freshness import Freshness
-from gateway.live_lists import LiveList
-from gateway.metrics import SLOW_CLIENTS
-from gateway.redis_store import RedisUnavailable
-from gateway.row_rules import RowScope, allows, scoped, seen_change
-from gateway.shared_results import shared
-from gateway.subscribers import Subscriber, filter_key, relative_op
-from gateway.types import (
+from gateway.access.row_rules import RowScope, allows, scoped, seen_change
+from gateway.ops.metrics import SLOW_CLIENTS
+from gateway.reads.filters import Condition, QueryError
+from gateway.reads.freshness import Freshness
+from gateway.reads.redis_store import RedisUnavailable
+from gateway.subscriptions.fanout import GENERATION_CHANGED, Fanout, rebuilt_error
+from gateway.subscriptions.feed import FeedEvent
+from gateway.subscriptions.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
+from gateway.subscriptions.live_lists import LiveList
+from gateway.subscriptions.shared_results import shared
+from gateway.subscriptions.subscribers import Subscriber, filter_key, relative_op
+from gateway.types.types import (
     RequestContext,
     ViewTypes,
     keyword,
@@ -67,9 +67,9 @@ class SubscriptionContext:
     websocket: Any
     connection_params: dict[str, Any] | None = None
     # What besides document and variables can make two subscribers' results differ
-    # (gateway.shared_results shares executions only within one scope): set from the
-    # connection_init token (gateway.websocket) to the role and the claim values its row
-    # rules read; None: the admin role.
+    # (gateway.subscriptions.shared_results shares executions only within one scope): set
+    # from the connection_init token (gateway.subscriptions.websocket) to the role and the
+    # claim values its row rules read; None: the admin role.
     share_scope: Any = None
     too_slow: bool = False  # a subscription overflowed: the websocket is being closed
     # Also from the token: the role's schema and its row rules (None: admin, no rules).
@@ -136,7 +136,7 @@ class Subscriptions:
     def _seen(self, vt: ViewTypes, op: str | None, item: FeedEvent,
               scope: RowScope | None) -> Any:
         """The message of a change as a subscriber with these row rules sees it, or None
-        (a change of rows it may not see: gateway.row_rules.seen_change)."""
+        (a change of rows it may not see: gateway.access.row_rules.seen_change)."""
         op, show_row, show_before = seen_change(scope, item.event, op)
         return None if op is None else self._message(vt, op, item, show_row, show_before)
 

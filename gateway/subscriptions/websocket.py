@@ -2,7 +2,7 @@
 `graphql-transport-ws` (graphql-ws, the current one) and the legacy `graphql-ws`
 (subscriptions-transport-ws), with keep-alive. Each connection's context carries its
 websocket (to close a slow client) and the `connection_init` payload, whose token picks
-the connection's role: its schema and row rules (gateway.access). A bad token closes a
+the connection's role: its schema and row rules (gateway.access.access). A bad token closes a
 `graphql-transport-ws` connection with 4403 and the reason; the legacy protocol answers
 `connection_error` with it. A connection sending messages faster than
 `gateway_ws_messages_per_s` (after its burst) is closed with 4029."""
@@ -23,12 +23,12 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.execution import PreExecutionError
 
-from gateway.auth import Unauthenticated
-from gateway.message_rate import MessageBudget
-from gateway.metrics import WEBSOCKETS
-from gateway.rate_limit import LIMITED
-from gateway.subscriptions import SubscriptionContext
-from gateway.ws_admission import Admission
+from gateway.access.auth import Unauthenticated
+from gateway.access.rate_limit import LIMITED
+from gateway.ops.metrics import WEBSOCKETS
+from gateway.subscriptions.message_rate import MessageBudget
+from gateway.subscriptions.subscriptions import SubscriptionContext
+from gateway.subscriptions.ws_admission import Admission
 from schema.settings import Settings
 
 
@@ -55,8 +55,9 @@ NOT_JSON = object()
 
 
 class MessageRate:
-    """Both handlers: a connection sending past its budget (gateway.message_rate) is closed
-    with 4029, and what it sent after that is dropped unread."""
+    """Both handlers: a connection sending past its budget
+    (gateway.subscriptions.message_rate) is closed with 4029, and what it sent after that is
+    dropped unread."""
 
     _budget: MessageBudget | None = None
     _over: bool = False
@@ -113,7 +114,8 @@ class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
         await super().handle_message(message)
 
     async def handle_subscribe(self, message: Any) -> None:
-        # Persisted queries and the client's subscription limit (gateway.ws_admission).
+        # Persisted queries and the client's subscription limit
+        # (gateway.subscriptions.ws_admission).
         op = message["id"]
         if not self.connection_acknowledged or op in self.operations:
             await super().handle_subscribe(message)  # Strawberry closes the socket
@@ -157,7 +159,8 @@ class LegacyWSHandler(MessageRate, BaseGraphQLWSHandler):
                                  "payload": {"message": problem}})
 
     async def handle_start(self, message: Any) -> None:
-        # Persisted queries and the client's subscription limit (gateway.ws_admission).
+        # Persisted queries and the client's subscription limit
+        # (gateway.subscriptions.ws_admission).
         op = message["id"]
         if not self.connection_acknowledged:
             await super().handle_start(message)  # Strawberry closes the socket
@@ -181,7 +184,7 @@ class GraphQLWebSocket(GraphQL):
 
     def __init__(self, schema: Any, settings: Settings, access: Any = None,
                  admission: Admission | None = None) -> None:
-        self.access = access  # gateway.access.Access; None: every connection is admin
+        self.access = access  # gateway.access.access.Access; None: every connection is admin
         self.admission = admission or Admission(0, None)
         self.message_rate = (settings.gateway_ws_messages_per_s,
                              settings.gateway_ws_messages_burst)

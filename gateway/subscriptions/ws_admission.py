@@ -1,7 +1,7 @@
 """What a websocket operation (graphql-transport-ws `subscribe`, legacy `start`) passes
-before it runs: its persisted query is resolved into its payload (gateway.persisted), and
+before it runs: its persisted query is resolved into its payload (gateway.access.persisted), and
 it takes one of its client's subscriptions (`gateway_max_subscriptions_per_client`, across
-the client's connections to this process, gateway.client_limits), given back when the
+the client's connections to this process, gateway.access.client_limits), given back when the
 operation ends however it ends."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 from graphql import GraphQLError
 
-from gateway.client_limits import ClientCounts
-from gateway.limit_entry import CLIENT_SCOPE_KEY
-from gateway.persisted import PersistedQueries, PersistedQueryError
-from gateway.rate_limit import LIMITED
+from gateway.access.client_identity import CLIENT_SCOPE_KEY
+from gateway.access.client_limits import ClientCounts
+from gateway.access.persisted import PersistedQueries, PersistedQueryError
+from gateway.access.rate_limit import LIMITED
 
 
 def _client(context: Any) -> str | None:

@@ -20,8 +20,9 @@ import strawberry
 from strawberry.annotation import StrawberryAnnotation
 from strawberry.dataloader import DataLoader
 
-from gateway.delta_store import AsOf
-from gateway.filters import (
+from gateway.access.row_rules import RowScope, allows, rules_of
+from gateway.reads.delta_store import AsOf
+from gateway.reads.filters import (
     Condition,
     Order,
     QueryError,
@@ -32,11 +33,10 @@ from gateway.filters import (
     parse_order,
     parse_where,
 )
-from gateway.freshness import Freshness
-from gateway.lists import list_rows
-from gateway.reads import Reads, seen_delta
-from gateway.relations import related_rows
-from gateway.row_rules import RowScope, allows, rules_of
+from gateway.reads.freshness import Freshness
+from gateway.reads.lists import list_rows
+from gateway.reads.reads import Reads, seen_delta
+from gateway.reads.relations import related_rows
 from schema.catalog import Catalog, FieldInfo, Relationship, View, graphql_fields
 from schema.storage import from_json_value, key_of
 
@@ -102,7 +102,7 @@ class RequestContext:
     catalog: Catalog
     fresh: Freshness = field(default_factory=Freshness)
     loaders: dict[Any, DataLoader] = field(default_factory=dict)
-    scope: RowScope | None = None  # the caller's row rules (gateway.row_rules); None: admin
+    scope: RowScope | None = None  # the caller's row rules (gateway.access.row_rules); None: admin
 
     def rows_loader(self, view: View) -> DataLoader:
         loader = self.loaders.get(view.name)
@@ -170,7 +170,7 @@ def build_view_types(catalog: Catalog, reads: Reads, settings: Any) -> dict[str,
     filters: dict[Any, type] = {}
     out: dict[str, ViewTypes] = {}
     for view in catalog.views.values():
-        fields = graphql_fields(view)  # the role's type may hide some (gateway.role_schemas)
+        fields = graphql_fields(view)  # the role's type may hide some (gateway.access.role_schemas)
         original = view.graphql_type.__strawberry_definition__  # type: ignore[attr-defined]
         attrs: dict[str, Any] = {"__annotations__": {}}
         for rel in view.relationships:
