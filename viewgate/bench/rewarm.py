@@ -9,7 +9,7 @@ from typing import Any
 
 from schema.catalog import Catalog
 from schema.settings import Settings
-from viewgate.bench.runner import BenchError
+from viewgate.bench.group import BenchError
 
 
 def measure_rewarm(settings: Settings, catalog: Catalog, view_name: str) -> dict[str, Any]:
