@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-DEFAULT_DIR = Path(__file__).resolve().parents[1] / "dashboard"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "dashboard"  # the repository's dashboard/
 _NOT_BUILT = ("the dashboard is not built: run `viewgate setup` (it needs Node.js and npm) "
               "or set VIEWGATE_GATEWAY_DASHBOARD_DIR")
 
