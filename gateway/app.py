@@ -17,27 +17,27 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from strawberry.types import ExecutionContext
 
-from gateway.access import Access, unauthorized
-from gateway.auth import Unauthenticated
-from gateway.dashboard_page import dashboard_routes
-from gateway.fanout import Fanout
-from gateway.fast_http import FastEntry
-from gateway.fastpath import FastPath
-from gateway.http import GraphQLHTTP
-from gateway.limit_entry import LimitEntry
-from gateway.limits import schema_extensions
-from gateway.metrics import SUBSCRIPTIONS, metrics_endpoint
-from gateway.persisted import PersistedQueries
-from gateway.rate_limit import RateLimiter
-from gateway.readiness import EndOffsets, readyz_endpoint
-from gateway.reads import Reads
-from gateway.shared_results import SharedResultsExecutor
-from gateway.startup_check import check_against_delta
-from gateway.subscriptions import Subscriptions
-from gateway.system import SystemStatus, ViewStatus, system_resolver, views_resolver
-from gateway.types import build_view_types, root_fields
-from gateway.websocket import GraphQLWebSocket, parse_errors_as_results
-from gateway.ws_admission import Admission
+from gateway.access.access import Access, unauthorized
+from gateway.access.auth import Unauthenticated
+from gateway.access.limits import schema_extensions
+from gateway.access.persisted import PersistedQueries
+from gateway.access.rate_limit import RateLimiter
+from gateway.compiled.fast_http import FastEntry
+from gateway.compiled.fastpath import FastPath
+from gateway.http.http import GraphQLHTTP
+from gateway.http.limit_entry import LimitEntry
+from gateway.ops.dashboard_page import dashboard_routes
+from gateway.ops.metrics import SUBSCRIPTIONS, metrics_endpoint
+from gateway.ops.readiness import EndOffsets, readyz_endpoint
+from gateway.ops.startup_check import check_against_delta
+from gateway.ops.system import SystemStatus, ViewStatus, system_resolver, views_resolver
+from gateway.reads.reads import Reads
+from gateway.subscriptions.fanout import Fanout
+from gateway.subscriptions.shared_results import SharedResultsExecutor
+from gateway.subscriptions.subscriptions import Subscriptions
+from gateway.subscriptions.websocket import GraphQLWebSocket, parse_errors_as_results
+from gateway.subscriptions.ws_admission import Admission
+from gateway.types.types import build_view_types, root_fields
 from schema.catalog import Catalog
 from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
@@ -61,7 +61,7 @@ class GatewaySchema(strawberry.Schema):
 def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Catalog,
                  reads: Reads, fanout: Fanout | None = None,
                  admin: bool = True) -> tuple[strawberry.Schema, dict]:
-    """The schema of `catalog` (a role's, see gateway.role_schemas); `system` (service
+    """The schema of `catalog` (a role's, see gateway.access.role_schemas); `system` (service
     addresses) only for the admin role."""
     types = build_view_types(catalog, reads, settings)
     annotations: dict[str, object] = {"system": SystemStatus, "views": list[ViewStatus]}
@@ -161,8 +161,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
             *dashboard_routes(settings.gateway_dashboard_dir),
         ],
         lifespan=lifespan,
-        # Compiled queries skip the router (gateway.fast_http); the rest goes through it.
-        # Per-client limits first (gateway.limit_entry), so they hold on every path.
+        # Compiled queries skip the router (gateway.compiled.fast_http); the rest goes through it.
+        # Per-client limits first (gateway.http.limit_entry), so they hold on every path.
         middleware=[Middleware(LimitEntry, limiter=limiter,
                                websockets=settings.gateway_max_websockets_per_client,
                                address_header=settings.gateway_client_address_header),

@@ -57,8 +57,8 @@ def gateway() -> None:
     """Serve GraphQL (uvicorn) with the current settings."""
     import uvicorn
 
+    from gateway.access.persisted import ManifestError
     from gateway.app import create_app
-    from gateway.persisted import ManifestError
     from viewgate.serving import uvicorn_options
 
     settings = get_settings()
@@ -243,7 +243,7 @@ def persist(
     run in persisted-only mode); every gateway on that Redis serves them by hash."""
     from redis.exceptions import RedisError
 
-    from gateway.persisted import ManifestError, load_manifest, store_documents
+    from gateway.access.persisted import ManifestError, load_manifest, store_documents
 
     try:
         documents = load_manifest(Path(manifest))

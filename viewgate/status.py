@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import redis
 from rich.table import Table
 
-from gateway.readiness import end_offsets
+from gateway.ops.readiness import end_offsets
 from schema.catalog import Catalog
 from schema.settings import Settings
 from schema.storage import ViewMeta, meta_key

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from viewgate.bench import engine, gateway, results, subscriptions
+from viewgate.bench.group import BenchContext, Sizes
 from viewgate.bench.report import save_plot
-from viewgate.bench.runner import BenchContext, Sizes
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Compiled lists (gateway.fastlists) answer byte for byte like the general path, on many
+"""Compiled lists (gateway.compiled.fastlists) answer byte for byte like the general path, on many
 query shapes, and leave every error to it."""
 
 from __future__ import annotations

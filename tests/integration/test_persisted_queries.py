@@ -21,8 +21,8 @@ from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 from ws_clients import GatewayServer, LegacyWS, TransportWS
 
+from gateway.access.persisted import client_key
 from gateway.app import create_app
-from gateway.persisted import client_key
 
 pytestmark = pytest.mark.integration
 

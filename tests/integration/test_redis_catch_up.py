@@ -19,7 +19,7 @@ from shop_views import catalog_on, isolated, redis_rows
 import engine.commit
 from engine.commit import ViewCommitter
 from engine.runner import prepare
-from gateway.reads import Reads
+from gateway.reads.reads import Reads
 from schema.storage import ViewMeta, index_entry, index_key, meta_key
 
 pytestmark = pytest.mark.integration

@@ -55,7 +55,7 @@ from shop_views import (
 from websockets.exceptions import ConnectionClosed
 from ws_clients import GatewayServer, TransportWS
 
-from gateway.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
+from gateway.subscriptions.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
 from schema.settings import Settings
 from schema.storage import ChangeEvent, ViewMeta, complete_field, meta_key
 from viewgate.stack.errors import StackError

@@ -24,7 +24,7 @@ from shop_views import (
 )
 from ws_clients import GatewayServer, LegacyWS, TransportWS, small_socket
 
-from gateway.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
+from gateway.subscriptions.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
 from schema.catalog import Catalog
 from schema.settings import Settings
 from schema.storage import ChangeEvent, changefeed_topic

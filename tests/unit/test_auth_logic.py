@@ -12,10 +12,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
 
-from gateway.auth import Authenticator, Unauthenticated, bearer, www_authenticate
-from gateway.role_schemas import restrict_catalog
-from gateway.row_rules import build_scope, seen_change
-from gateway.tokens import TokenError, TokenVerifier
+from gateway.access.auth import Authenticator, Unauthenticated, bearer, www_authenticate
+from gateway.access.role_schemas import restrict_catalog
+from gateway.access.row_rules import build_scope, seen_change
+from gateway.access.tokens import TokenError, TokenVerifier
 from schema import demo
 from schema.catalog import Catalog, graphql_fields
 from schema.errors import CatalogError

@@ -13,9 +13,10 @@ from viewgate.bench import results
 from viewgate.bench.engine import FIGURES, profile, throughput, visibility_ms
 from viewgate.bench.gateway import FIGURES as GATEWAY_FIGURES
 from viewgate.bench.gateway import list_rate, median_ratio, warnings
+from viewgate.bench.group import BenchError
 from viewgate.bench.load import answer_ok, cpu_seconds, parse_response, post_request, schedule
 from viewgate.bench.report import Figure, Plot, save_plot, table_rows
-from viewgate.bench.runner import MODES, BenchError, select_groups, sizes_for
+from viewgate.bench.runner import MODES, select_groups, sizes_for
 from viewgate.bench.stats import distribution, percentile
 
 

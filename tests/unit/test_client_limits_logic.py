@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from gateway.client_identity import client_key
-from gateway.client_limits import ClientCounts
-from gateway.persisted import (
+from gateway.access.client_identity import client_key
+from gateway.access.client_limits import ClientCounts
+from gateway.access.persisted import (
     LRU,
     ManifestError,
     PersistedQueries,
@@ -21,7 +21,7 @@ from gateway.persisted import (
     persisted_hash,
     sha256_hex,
 )
-from gateway.rate_limit import retry_after_s
+from gateway.access.rate_limit import retry_after_s
 from schema.settings import Settings
 
 DOC = "{ views { name } }"
@@ -135,7 +135,7 @@ def test_the_lean_entry_answers_from_memory_or_leaves_it_to_the_general_path():
 
 def _refused_handshake(extensions: dict) -> list[dict]:
     """What a second websocket of one client is sent while its first is open (limit 1)."""
-    from gateway.limit_entry import LimitEntry
+    from gateway.http.limit_entry import LimitEntry
 
     async def scenario() -> list[dict]:
         opened, release = asyncio.Event(), asyncio.Event()

@@ -10,7 +10,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from engine.sinks.delta_sink import DeltaSink
-from gateway.delta_store import AsOf, DeltaStore
+from gateway.reads.delta_store import AsOf, DeltaStore
 from schema import demo
 from schema.storage import delta_app_id, delta_table_path, key_of
 

@@ -7,7 +7,7 @@ import strawberry
 from graphql import parse
 from strawberry.extensions import AddValidationRules, MaxAliasesLimiter, QueryDepthLimiter
 
-from gateway.expansion import expanded_fields, guarded_rules
+from gateway.access.expansion import expanded_fields, guarded_rules
 
 
 def bomb(levels: int, spreads: int) -> str:
@@ -67,7 +67,7 @@ def test_the_guarded_limiters_still_apply_below_the_limit():
 
 
 def test_several_operations_need_an_operation_name():
-    from gateway.operation_choice import RequireOperationName
+    from gateway.access.operation_choice import RequireOperationName
 
     schema = strawberry.Schema(Query, extensions=[RequireOperationName])
     result = schema.execute_sync("query A { c { id } } query B { c { name } }")

@@ -8,7 +8,9 @@ import random
 import pytest
 from graphql import parse
 
-from gateway.filters import (
+from gateway.access.limits import query_cost
+from gateway.http.http import GRAPHQL_RESPONSE, JSON, negotiate
+from gateway.reads.filters import (
     Condition,
     Order,
     Page,
@@ -22,9 +24,7 @@ from gateway.filters import (
     parse_order,
     parse_where,
 )
-from gateway.http import GRAPHQL_RESPONSE, JSON, negotiate
-from gateway.indexes import after_cursor, ranges
-from gateway.limits import query_cost
+from gateway.reads.indexes import after_cursor, ranges
 from schema.catalog import graphql_fields
 from schema.demo import CATALOG
 from schema.storage import INDEX_SEPARATOR
@@ -158,7 +158,7 @@ def test_page_arguments_are_checked():
 
 def test_query_cost_multiplies_nested_page_sizes():
     from gateway.app import build_schema
-    from gateway.reads import Reads
+    from gateway.reads.reads import Reads
     from schema.settings import Settings
 
     settings = Settings()

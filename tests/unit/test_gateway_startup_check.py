@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from gateway.startup_check import check_against_delta
+from gateway.ops.startup_check import check_against_delta
 from schema.demo import CATALOG
 from schema.errors import CatalogError
 from schema.storage import delta_table_path

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.message_rate import MessageBudget
+from gateway.subscriptions.message_rate import MessageBudget
 
 
 class Clock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.readiness import view_problems
+from gateway.ops.readiness import view_problems
 from schema import demo
 from schema.storage import ViewMeta
 

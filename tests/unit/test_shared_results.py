@@ -9,7 +9,7 @@ from typing import Any
 
 import strawberry
 
-from gateway.shared_results import SharedResultsExecutor, shared
+from gateway.subscriptions.shared_results import SharedResultsExecutor, shared
 
 CALLS: list[str] = []
 

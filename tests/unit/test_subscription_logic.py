@@ -13,20 +13,20 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.testclient import TestClient
 
-from gateway.fanout import Fanout
-from gateway.feed import FeedEvent
-from gateway.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
-from gateway.filters import QueryError, parse_where
-from gateway.live_lists import LiveList
-from gateway.reads import Reads
-from gateway.subscribers import (
+from gateway.reads.filters import QueryError, parse_where
+from gateway.reads.reads import Reads
+from gateway.subscriptions.fanout import Fanout
+from gateway.subscriptions.feed import FeedEvent
+from gateway.subscriptions.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
+from gateway.subscriptions.live_lists import LiveList
+from gateway.subscriptions.subscribers import (
     Overflow,
     Subscriber,
     SubscriberIndex,
     filter_key,
     relative_op,
 )
-from gateway.websocket import GraphQLWebSocket
+from gateway.subscriptions.websocket import GraphQLWebSocket
 from schema.catalog import graphql_fields
 from schema.demo import CATALOG
 from schema.settings import Settings

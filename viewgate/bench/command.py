@@ -40,7 +40,8 @@ def bench(
     merge the figures into <out>/results.json, print a table and save PNG plots."""
     from rich.console import Console
 
-    from viewgate.bench.runner import BenchError, run_bench
+    from viewgate.bench.group import BenchError
+    from viewgate.bench.runner import run_bench
     from viewgate.bench.workers import WorkerError
     from viewgate.stack.errors import StackError
 
@@ -90,7 +91,7 @@ def bench_settings() -> Any:
 
 def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
           connections: int) -> None:
-    from viewgate.bench.runner import BenchError
+    from viewgate.bench.group import BenchError
     from viewgate.bench.soak import SoakSizes, run_soak
     from viewgate.bench.workers import WorkerError
     from viewgate.stack.errors import StackError

@@ -32,8 +32,8 @@ from typing import Any
 from schema import demo
 from schema.catalog import Catalog
 from schema.settings import Settings
+from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.report import Figure, Plot
-from viewgate.bench.runner import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.stats import distribution
 from viewgate.bench.workers import (
     Worker,

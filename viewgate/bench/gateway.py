@@ -31,10 +31,10 @@ from schema import demo
 from schema.catalog import Catalog
 from schema.settings import Settings
 from viewgate.bench.engine import catalog_on_topics
+from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult, Say, Sizes
 from viewgate.bench.load import closed_loop, open_loop, post_request
 from viewgate.bench.report import Figure, Plot
 from viewgate.bench.rewarm import measure_rewarm
-from viewgate.bench.runner import BenchContext, BenchError, Group, GroupResult, Say, Sizes
 from viewgate.bench.servers import Server, running
 from viewgate.bench.stats import distribution
 from viewgate.bench.workers import Worker, new_event

@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from viewgate.bench.stats import percentile
-
-if TYPE_CHECKING:
-    from viewgate.bench.runner import Group
 
 META_KEYS = ("cpu_cores", "python_version", "spark_version", "strawberry_version", "mode")
 
@@ -63,7 +60,15 @@ def format_value(value: Any) -> str:
     return f"{value:,.2f}"
 
 
-def table_rows(merged: Mapping[str, Any], groups: Sequence[Group]) -> list[tuple[str, ...]]:
+class Reported(Protocol):
+    """What the table needs of a group (viewgate.bench.group.Group, which imports this
+    module for Figure and Plot): the figures it reports."""
+
+    @property
+    def figures(self) -> tuple[Figure, ...]: ...
+
+
+def table_rows(merged: Mapping[str, Any], groups: Sequence[Reported]) -> list[tuple[str, ...]]:
     """(figure, value, unit, goal, verdict) for each figure of the groups just run."""
     rows = []
     for group in groups:
@@ -74,7 +79,7 @@ def table_rows(merged: Mapping[str, Any], groups: Sequence[Group]) -> list[tuple
     return rows
 
 
-def print_table(console: Any, merged: Mapping[str, Any], groups: Sequence[Group]) -> None:
+def print_table(console: Any, merged: Mapping[str, Any], groups: Sequence[Reported]) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -1,5 +1,5 @@
 """Re-warming Redis from a view's Delta table: what the gateway does after Redis lost its
-data (gateway.reads.Reads.warm_all, the same code, run here in-process)."""
+data (gateway.reads.reads.Reads.warm_all, the same code, run here in-process)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import Any
 
 from schema.catalog import Catalog
 from schema.settings import Settings
-from viewgate.bench.runner import BenchError
+from viewgate.bench.group import BenchError
 
 
 def measure_rewarm(settings: Settings, catalog: Catalog, view_name: str) -> dict[str, Any]:
     """Empty the Redis database, then re-warm `view_name` from Delta and time it."""
     import redis
 
-    from gateway.reads import Reads
+    from gateway.reads.reads import Reads
     from schema.storage import meta_key, row_key
 
     client = redis.Redis.from_url(settings.redis_url)

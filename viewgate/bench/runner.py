@@ -15,41 +15,27 @@ import datetime
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from schema.settings import Settings
 from viewgate.bench import results
-from viewgate.bench.report import Figure, Plot, print_table, save_plot
+from viewgate.bench.group import (
+    BenchContext,
+    BenchError,
+    Group,
+    GroupResult,
+    Say,
+    Sizes,
+)
+from viewgate.bench.report import print_table, save_plot
 from viewgate.stack.kafka import KafkaBroker
 from viewgate.stack.process import free_port
 from viewgate.stack.redis_server import RedisServer
 
-Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """How much work each measurement does; the modes below, overridable per option."""
-
-    engine_events: int  # order events preloaded for the throughput runs
-    engine_batch: int  # maxOffsetsPerTrigger of the throughput runs
-    freshness_rate: float  # demo events per second while freshness is measured
-    freshness_s: float  # how long the producer writes at that rate
-    freshness_warmup_s: float  # events produced in the first seconds are not counted
-    gateway_customers: int  # demo customers the engine writes for the gateway's reads
-    gateway_events: int  # demo events after them (orders mostly), through the engine
-    gateway_seconds: float  # each saturation run, after gateway_warmup_s
-    gateway_rounds: int  # interleaved saturation rounds (baseline, gateway, stock)
-    gateway_latency_s: float  # each fixed-rate run, after gateway_warmup_s
-    gateway_warmup_s: float  # load before each run's measured window
-    engine_freshness: bool  # also measure produced -> visible in Redis (engine group)
-    fanout: int  # live subscriptions one change is fanned out to
-    fanout_connections: int  # websockets holding them
-
-
+# The sizes of each mode, overridable per option (sizes_for).
 MODES: dict[str, Sizes] = {
     # A batch of 20,000 events is one second of input at the engine's goal rate, with the
     # views' one-second trigger: sustaining the goal means finishing such a batch in 1 s.
@@ -92,68 +78,6 @@ MODES: dict[str, Sizes] = {
 
 # A full run of the slowest group takes well under this; past it, something hangs.
 _GROUP_TIMEOUT_S = 40 * 60
-
-
-class BenchError(RuntimeError):
-    """A measurement could not be taken or its run was wrong (then it is not reported)."""
-
-
-@dataclass
-class GroupResult:
-    figures: dict[str, Any]
-    plots: list[Plot] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Group:
-    name: str
-    description: str
-    figures: tuple[Figure, ...]
-    run: Callable[[BenchContext], GroupResult]
-
-
-@dataclass
-class BenchContext:
-    """What a group gets: settings pointing at the run's services, the sizes, a work
-    folder, a way to talk, and a SparkSession built on first use."""
-
-    settings: Settings
-    sizes: Sizes
-    workdir: Path
-    say: Say = print
-    next_redis_db: int = 1  # isolated() hands out Redis databases from here on
-    spark_session: Any = None  # built on first use of spark(), or given
-
-    def spark(self):
-        if self.spark_session is None:
-            from engine.spark import build_spark
-
-            self.say("starting Spark")
-            self.spark_session = build_spark(self.settings, app_name="viewgate-bench")
-        return self.spark_session
-
-    def isolated(self, name: str, **updates: Any) -> Settings:
-        """Settings with a data folder and an emptied Redis database of their own, so two
-        measurements of the same view never see each other's rows or checkpoints."""
-        import redis
-
-        db, self.next_redis_db = self.next_redis_db, self.next_redis_db + 1
-        if db > 15:
-            raise BenchError("more isolated measurements than Redis has databases (15)")
-        url = f"{self.settings.redis_url.rsplit('/', 1)[0]}/{db}"
-        client = redis.Redis.from_url(url)
-        try:
-            client.flushdb()
-        finally:
-            client.close()
-        return self.settings.model_copy(
-            update={"data_dir": self.workdir / name, "redis_url": url, **updates}
-        )
-
-    def close(self) -> None:
-        if self.spark_session is not None:
-            self.spark_session.stop()
-            self.spark_session = None
 
 
 def run_in_child(name: str, settings: Settings, sizes: Sizes, workdir: Path) -> GroupResult:

@@ -43,7 +43,7 @@ def create_stock_app() -> Any:
     from strawberry.asgi import GraphQL
 
     from gateway.app import create_app
-    from gateway.types import RequestContext
+    from gateway.types.types import RequestContext
 
     gateway = create_app(fast_path=False)
     reads, catalog = gateway.state.reads, gateway.state.reads.catalog

@@ -135,8 +135,8 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     from engine.runner import start_all
     from viewgate.bench.engine import catalog_on_topics, wait_started
     from viewgate.bench.gateway import customer_rows, point_body
+    from viewgate.bench.group import BenchError
     from viewgate.bench.load import closed_loop, open_loop, post_request
-    from viewgate.bench.runner import BenchError
     from viewgate.bench.servers import running
     from viewgate.bench.subscriptions import LIVE_CUSTOMER, seed_customers
     from viewgate.bench.workers import Worker, new_event, produce_paced
@@ -266,7 +266,8 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
 def soak_in_child(settings: Settings, sizes: SoakSizes, workdir: Path) -> dict[str, Any]:
     """The soak in a (worker) process of its own: its SparkSession and Kafka clients end
     with it, before the runner stops the services they talk to."""
-    from viewgate.bench.runner import MODES, BenchContext
+    from viewgate.bench.group import BenchContext
+    from viewgate.bench.runner import MODES
 
     ctx = BenchContext(settings, MODES["quick"], workdir,
                        say=lambda text: print(text, flush=True))

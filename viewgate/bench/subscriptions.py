@@ -42,9 +42,9 @@ from viewgate.bench.engine import (
     wait_started,
 )
 from viewgate.bench.gateway import customer_rows
+from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.load import cpu_seconds
 from viewgate.bench.report import Figure, Plot
-from viewgate.bench.runner import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.servers import running
 from viewgate.bench.workers import Worker, new_event, produce_paced, watch_meta
 from viewgate.bench.ws_clients import hold_live, watch_versions

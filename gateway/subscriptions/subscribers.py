@@ -1,0 +1,169 @@
+"""Who receives a change: subscribers with bounded buffers, and the in-memory index from
+(view, key) and from filters to them. Pure logic (no I/O), so it is unit-tested alone.
+
+Subscribers with the same filter share one group: a change is matched once per distinct
+filter, not once per subscriber. The op a filtered subscriber sees is relative to its
+filter: a row that starts matching is an INSERT for it, one that stops matching a DELETE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.reads.filters import Condition, matches
+from schema.catalog import FieldInfo
+from schema.storage import ChangeEvent
+
+
+class Overflow(Exception):
+    """The client read too slowly: its buffer filled up."""
+
+
+def relative_op(event: ChangeEvent, conditions: Sequence[Condition],
+                fields: Mapping[str, FieldInfo]) -> str | None:
+    """INSERT, UPDATE or DELETE as seen through a filter; None: the filter never saw it."""
+    was = event.before is not None and matches(event.before, conditions, fields)
+    now = event.row is not None and matches(event.row, conditions, fields)
+    if was and now:
+        return "UPDATE"
+    if now:
+        return "INSERT"
+    return "DELETE" if was else None
+
+
+def touches(event: ChangeEvent, conditions: Sequence[Condition],
+            fields: Mapping[str, FieldInfo]) -> bool:
+    """Whether the change may alter a list with these conditions."""
+    return relative_op(event, conditions, fields) is not None
+
+
+def filter_key(conditions: Sequence[Condition], *extra: Any) -> bytes:
+    """The same filter (in any order, `in` values in any order) gives the same key."""
+    def value(c: Condition) -> Any:
+        return sorted(map(str, c.value)) if c.op == "in" else str(c.value)
+    normal = sorted([c.field, c.op, value(c)] for c in conditions)
+    return orjson.dumps([normal, *extra], default=str)
+
+
+class Subscriber:
+    """One subscription's outbox: at most `limit` messages wait for the client; one more
+    and it overflows (the gateway closes the client's websocket), so a slow client never
+    holds more than that and never slows anyone else down."""
+
+    def __init__(self, limit: int, on_overflow: Callable[[Subscriber], None]) -> None:
+        self.limit = limit
+        self.on_overflow = on_overflow
+        self.queue: deque[Any] = deque()
+        self.wakeup = asyncio.Event()
+        self.failure: BaseException | None = None
+        self.unregister: Callable[[], None] = lambda: None
+
+    def put(self, item: Any) -> None:
+        if self.failure is not None:
+            return
+        if len(self.queue) >= self.limit:
+            self.queue.clear()
+            self.fail(Overflow(f"more than {self.limit} messages waited for this client "
+                               "(gateway_subscription_buffer)"))
+            self.on_overflow(self)
+            return
+        self.queue.append(item)
+        self.wakeup.set()
+
+    def fail(self, error: BaseException) -> None:
+        """End the subscription with `error` once the messages before it are read."""
+        if self.failure is None:
+            self.failure = error
+            self.unregister()
+        self.wakeup.set()
+
+    async def get(self) -> Any:
+        while not self.queue:
+            if self.failure is not None:
+                raise self.failure
+            self.wakeup.clear()
+            await self.wakeup.wait()
+        return self.queue.popleft()
+
+
+class LiveQuery(Protocol):
+    """A shared evaluation (gateway.subscriptions.live_lists) the index notifies of changes."""
+
+    conditions: Sequence[Condition]
+
+    def changed(self) -> None: ...
+
+    def generation_changed(self) -> None: ...
+
+
+@dataclass
+class FilterGroup:
+    conditions: list[Condition]
+    subscribers: set[Subscriber] = field(default_factory=set)
+
+
+@dataclass
+class ViewIndex:
+    by_key: dict[str, set[Subscriber]] = field(default_factory=dict)
+    filters: dict[bytes, FilterGroup] = field(default_factory=dict)
+    lists: dict[bytes, LiveQuery] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.by_key.values())) + sum(
+            len(g.subscribers) for g in self.filters.values())
+
+
+class SubscriberIndex:
+    def __init__(self, fields: Mapping[str, Mapping[str, FieldInfo]]) -> None:
+        self.fields = fields
+        self.views: dict[str, ViewIndex] = {name: ViewIndex() for name in fields}
+
+    def add_key(self, view: str, key: str, sub: Subscriber) -> None:
+        subs = self.views[view].by_key.setdefault(key, set())
+        subs.add(sub)
+
+        def remove() -> None:
+            subs.discard(sub)
+            if not subs and self.views[view].by_key.get(key) is subs:
+                del self.views[view].by_key[key]
+        sub.unregister = remove
+
+    def add_filter(self, view: str, conditions: list[Condition], sub: Subscriber) -> None:
+        groups = self.views[view].filters
+        fkey = filter_key(conditions)
+        group = groups.setdefault(fkey, FilterGroup(conditions))
+        group.subscribers.add(sub)
+
+        def remove() -> None:
+            group.subscribers.discard(sub)
+            if not group.subscribers and groups.get(fkey) is group:
+                del groups[fkey]
+        sub.unregister = remove
+
+    def targets(self, event: ChangeEvent) -> Iterator[tuple[Subscriber, str]]:
+        """(subscriber, op) for every subscriber of a key or filter this change concerns."""
+        index = self.views[event.view]
+        for sub in list(index.by_key.get(event.key, ())):
+            yield sub, event.op.upper()
+        fields = self.fields[event.view]
+        for group in list(index.filters.values()):
+            op = relative_op(event, group.conditions, fields)
+            if op is not None:
+                for sub in list(group.subscribers):
+                    yield sub, op
+
+    def live_queries(self, event: ChangeEvent) -> Iterator[LiveQuery]:
+        """Shared live lists this change may alter."""
+        fields = self.fields[event.view]
+        for live in list(self.views[event.view].lists.values()):
+            if touches(event, live.conditions, fields):
+                yield live
+
+    def subscriber_count(self) -> int:
+        return sum(len(v) for v in self.views.values())

@@ -1,0 +1,251 @@
+"""GraphQL over websockets on /graphql: Strawberry's own handlers of both protocols,
+`graphql-transport-ws` (graphql-ws, the current one) and the legacy `graphql-ws`
+(subscriptions-transport-ws), with keep-alive. Each connection's context carries its
+websocket (to close a slow client) and the `connection_init` payload, whose token picks
+the connection's role: its schema and row rules (gateway.access.access). A bad token closes a
+`graphql-transport-ws` connection with 4403 and the reason; the legacy protocol answers
+`connection_error` with it. A connection sending messages faster than
+`gateway_ws_messages_per_s` (after its burst) is closed with 4029."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+from graphql import GraphQLError
+from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
+    BaseGraphQLTransportWSHandler,
+)
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+from strawberry.types.execution import PreExecutionError
+
+from gateway.access.auth import Unauthenticated
+from gateway.access.rate_limit import LIMITED
+from gateway.ops.metrics import WEBSOCKETS
+from gateway.subscriptions.message_rate import MessageBudget
+from gateway.subscriptions.subscriptions import SubscriptionContext
+from gateway.subscriptions.ws_admission import Admission
+from schema.settings import Settings
+
+
+async def parse_errors_as_results(source: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+    """A stream whose document fails to parse yields that error as its first result.
+    (Strawberry's parser-cache extension raises it out of the stream, which its protocol
+    handlers answer with a bare `complete`: the client would never learn why.)"""
+    started = False
+    try:
+        async for result in source:
+            started = True
+            yield result
+    except GraphQLError as error:
+        if started:
+            raise
+        yield PreExecutionError(data=None, errors=[error])
+    finally:
+        await source.aclose()
+
+
+# What a text frame that is not JSON decodes to (GraphQLWebSocket.decode_json): the legacy
+# handler would otherwise drop it without a word; both handlers answer it below.
+NOT_JSON = object()
+
+
+class MessageRate:
+    """Both handlers: a connection sending past its budget
+    (gateway.subscriptions.message_rate) is closed with 4029, and what it sent after that is
+    dropped unread."""
+
+    _budget: MessageBudget | None = None
+    _over: bool = False
+
+    async def over_budget(self) -> bool:
+        if self._over:
+            return True
+        if self._budget is None:
+            self._budget = MessageBudget(*self.view.message_rate)  # type: ignore[attr-defined]
+        if self._budget.take():
+            return False
+        self._over = True
+        LIMITED.labels("websocket_message").inc()
+        await self.websocket.close(  # type: ignore[attr-defined]
+            code=4029, reason=close_reason(
+                f"too many messages: over {self._budget.rate:g}/s after a burst of "
+                f"{self._budget.burst} (gateway_ws_messages_per_s)"))
+        return True
+
+
+class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
+    @staticmethod
+    def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
+        # A document that does not parse is one bad operation, not a broken connection:
+        # answer it with an `error` message, as for a validation error, and keep the
+        # client's other subscriptions (Strawberry would close the socket with 4400).
+        return None
+
+    async def handle_connection_init(self, message: Any) -> None:
+        payload = message.get("payload") or {}
+        if isinstance(payload, dict) and not self.connection_init_received \
+                and not self.connection_timed_out:
+            # Strawberry closes a rejected connection with the bare reason "Forbidden".
+            reason = await self.view.rejection(payload)
+            if reason is not None:
+                self.connection_init_received = True
+                if self.connection_init_timeout_task:
+                    self.connection_init_timeout_task.cancel()
+                await self.websocket.close(code=4403, reason=close_reason(reason))
+                return
+        await super().handle_connection_init(message)
+        if self.connection_acknowledged and self.context.schema is not None:
+            self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
+
+    async def handle_message(self, message: Any) -> None:
+        if await self.over_budget():
+            return
+        if message is NOT_JSON:
+            await self.handle_invalid_message("WebSocket message must be valid JSON")
+            return
+        if not isinstance(message, dict):  # valid JSON, but no message: malformed (4400)
+            await self.handle_invalid_message("a message must be a JSON object")
+            return
+        await super().handle_message(message)
+
+    async def handle_subscribe(self, message: Any) -> None:
+        # Persisted queries and the client's subscription limit
+        # (gateway.subscriptions.ws_admission).
+        op = message["id"]
+        if not self.connection_acknowledged or op in self.operations:
+            await super().handle_subscribe(message)  # Strawberry closes the socket
+            return
+        error = await self.view.admission.admit(self.context, message.get("payload"))
+        if error is not None:
+            await self.send_message({"id": op, "type": "error", "payload": [error.formatted]})
+            return
+        try:
+            await super().handle_subscribe(message)
+        finally:
+            operation = self.operations.get(op)
+            self.view.admission.started(self.context, operation.task if operation else None)
+
+
+LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
+
+
+class LegacyWSHandler(MessageRate, BaseGraphQLWSHandler):
+    async def handle_message(self, message: Any) -> None:
+        if await self.over_budget():
+            return
+        # subscriptions-transport-ws answers a message it cannot handle with `error`
+        # (Strawberry ignores an unknown type and fails on a message without its fields).
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind in LEGACY_TYPES:
+            try:
+                await super().handle_message(message)
+                if kind == "connection_init" and self.connection_acknowledged \
+                        and self.context.schema is not None:
+                    self.schema = self.context.schema  # the role's (on_ws_connect chose it)
+                return
+            except (KeyError, TypeError):
+                problem = f"malformed {kind} message"
+        elif message is NOT_JSON:
+            problem = "the message is not valid JSON"
+        else:
+            problem = f"invalid message type {kind!r}"
+        op = message.get("id") if isinstance(message, dict) else None
+        await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
+                                 "payload": {"message": problem}})
+
+    async def handle_start(self, message: Any) -> None:
+        # Persisted queries and the client's subscription limit
+        # (gateway.subscriptions.ws_admission).
+        op = message["id"]
+        if not self.connection_acknowledged:
+            await super().handle_start(message)  # Strawberry closes the socket
+            return
+        if op in self.tasks:
+            await self.cleanup_operation(op)  # a restarted id gives its subscription back
+        error = await self.view.admission.admit(self.context, message.get("payload"))
+        if error is not None:
+            await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
+                                     "payload": error.formatted})
+            return
+        try:
+            await super().handle_start(message)
+        finally:
+            self.view.admission.started(self.context, self.tasks.get(op))
+
+
+class GraphQLWebSocket(GraphQL):
+    graphql_transport_ws_handler_class = TransportWSHandler
+    graphql_ws_handler_class = LegacyWSHandler
+
+    def __init__(self, schema: Any, settings: Settings, access: Any = None,
+                 admission: Admission | None = None) -> None:
+        self.access = access  # gateway.access.access.Access; None: every connection is admin
+        self.admission = admission or Admission(0, None)
+        self.message_rate = (settings.gateway_ws_messages_per_s,
+                             settings.gateway_ws_messages_burst)
+        super().__init__(
+            schema,
+            graphql_ide=None,
+            keep_alive=True,  # graphql-ws "ka" messages; graphql-transport-ws has ping/pong
+            keep_alive_interval=settings.gateway_keep_alive_s,
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
+            max_subscriptions_per_connection=settings.gateway_max_subscriptions_per_connection,
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await super().__call__(scope, receive, send)
+            return
+        WEBSOCKETS.inc()
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            WEBSOCKETS.dec()
+
+    def decode_json(self, data: str | bytes) -> object:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return NOT_JSON
+
+    def encode_json(self, data: object) -> str:
+        # orjson, as for HTTP answers; text frames, which every client reads.
+        return orjson.dumps(data).decode()
+
+    async def get_context(self, request: Any, response: Any) -> SubscriptionContext:
+        return SubscriptionContext(websocket=response)
+
+    async def rejection(self, params: dict[str, Any]) -> str | None:
+        """Why a `connection_init` payload's credentials are refused; None: accepted."""
+        if self.access is None:
+            return None
+        try:
+            await self.access.auth.from_connection_params(params)
+        except Unauthenticated as exc:
+            return str(exc)
+        return None
+
+    async def on_ws_connect(self, context: Any) -> Any:
+        """Authenticate the `connection_init` payload: the connection's role picks its
+        schema, row rules and what its subscriptions may share (`share_scope`)."""
+        if self.access is not None:
+            try:
+                principal = await self.access.auth.from_connection_params(
+                    context.connection_params)
+            except Unauthenticated as exc:
+                raise ConnectionRejectionError({"message": str(exc)}) from None
+            context.scope = principal.scope
+            context.share_scope = principal.share_scope
+            context.schema = self.access.schema_for(principal)
+        return await super().on_ws_connect(context)
+
+
+def close_reason(reason: str) -> str:
+    """A websocket close reason fits in 123 bytes (RFC 6455)."""
+    data = reason.encode()
+    return reason if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."
