@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from viewgate.bench import engine, gateway, results, subscriptions
+from viewgate.bench import engine, gateway, results, storage, subscriptions
 from viewgate.bench.group import BenchContext, Sizes
 from viewgate.bench.report import save_plot
 
@@ -27,6 +27,8 @@ TINY = Sizes(
     engine_freshness=True,
     fanout=200,
     fanout_connections=20,
+    storage_rows_small=500,
+    storage_batches=5,
 )
 
 
@@ -82,6 +84,13 @@ def test_subscriptions_group_reports_every_figure(spark, settings, tmp_path):
     assert written["fanout_subscriptions"] == TINY.fanout
     assert set(written["freshness_by_view"]) == {"Customer", "Order", "CustomerStats",
                                                  "ProductSales"}
+
+
+def test_storage_group_reports_every_figure(settings, tmp_path):
+    written = run_group(storage.GROUP, None, settings, tmp_path, redis_db=15)
+    assert written["delta_rows_large_table"] >= 100 * TINY.storage_rows_small
+    # Maintenance leaves fewer bytes per row than the MERGEs had left.
+    assert written["delta_bytes_per_row"] < written["delta_bytes_per_row_before_maintenance"]
 
 
 def test_the_soak_runs_end_to_end_tiny(spark, settings, tmp_path):

@@ -15,7 +15,7 @@ def bench(
     full: bool = typer.Option(False, "--full", help="Full mode: longer runs, under 15 min."),
     only: str = typer.Option(
         None, "--only", help="Comma-separated groups to run (default: all): engine, gateway, "
-        "subscriptions."
+        "subscriptions, storage."
     ),
     out: Path = OutOption,
     engine_events: int = typer.Option(None, help="Order events per throughput run."),

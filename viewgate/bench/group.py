@@ -37,6 +37,8 @@ class Sizes:
     engine_freshness: bool  # also measure produced -> visible in Redis (engine group)
     fanout: int  # live subscriptions one change is fanned out to
     fanout_connections: int  # websockets holding them
+    storage_rows_small: int  # rows of the storage group's small table (the large: 100x)
+    storage_batches: int  # demo-shaped batches the storage group times on each table
 
 
 class BenchError(RuntimeError):

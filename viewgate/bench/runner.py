@@ -56,6 +56,8 @@ MODES: dict[str, Sizes] = {
         engine_freshness=False,
         fanout=10_000,
         fanout_connections=1_000,
+        storage_rows_small=10_000,
+        storage_batches=10,
     ),
     "full": Sizes(
         engine_events=1_200_000,
@@ -72,6 +74,8 @@ MODES: dict[str, Sizes] = {
         engine_freshness=True,
         fanout=20_000,
         fanout_connections=2_000,
+        storage_rows_small=20_000,
+        storage_batches=30,
     ),
 }
 
@@ -91,9 +95,10 @@ def run_in_child(name: str, settings: Settings, sizes: Sizes, workdir: Path) -> 
 
 
 def all_groups() -> dict[str, Group]:
-    from viewgate.bench import engine, gateway, subscriptions
+    from viewgate.bench import engine, gateway, storage, subscriptions
 
-    return {g.name: g for g in (engine.GROUP, gateway.GROUP, subscriptions.GROUP)}
+    return {g.name: g for g in (engine.GROUP, gateway.GROUP, subscriptions.GROUP,
+                                storage.GROUP)}
 
 
 def select_groups(only: Sequence[str] | None) -> list[Group]:
