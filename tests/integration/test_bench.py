@@ -124,5 +124,11 @@ def test_the_soak_runs_end_to_end_tiny(spark, settings, tmp_path):
     assert len(written["rss_kb"]["gateway"]) >= 10  # every second for 15 s
     assert written["memory_growth"]["gateway"]["window_s"] == 3.75
     assert written["latency_over_time"]
+    # What the engine keeps, sampled with the memory: Delta and Redis grow with the rows.
+    held = [sample for _, sample in written["engine_storage"]]
+    assert len(held) >= 10 and held[-1]["delta_rows"] > 0 and held[-1]["delta_bytes"] > 0
+    assert held[-1]["redis_used_bytes"] > 0 and held[-1]["checkpoint_bytes"] > 0
+    assert set(written["engine_flatness"]) == {"delta_bytes_per_row", "checkpoint_bytes",
+                                               "redis_bytes_per_row", "batch_ms"}
     assert written["passed"] == (not report["problems"])
     assert (tmp_path / "bench" / "soak.png").stat().st_size > 0

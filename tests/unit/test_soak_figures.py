@@ -37,3 +37,19 @@ def test_latency_over_time_buckets_by_when_requests_were_due():
 ])
 def test_the_verdict_names_every_problem(errors, growth, problems):
     assert verdict(errors, growth) == problems
+
+
+def test_engine_flatness_compares_the_start_with_the_end():
+    from viewgate.bench.engine_storage import flatness
+
+    def held(bytes_per_row: float, checkpoint: float) -> dict[str, float]:
+        return {"delta_bytes_per_row": bytes_per_row, "checkpoint_bytes": checkpoint,
+                "redis_bytes_per_row": 100.0, "batch_ms": 0}
+
+    samples = [(float(t), held(50.0 if t < 60 else 70.0, 1000.0 + t)) for t in range(0, 100)]
+    out = flatness(samples, duration_s=100, window_s=20)
+    assert out["delta_bytes_per_row"] == {"start": 50.0, "end": 70.0, "change": 0.4,
+                                          "flat": False}
+    assert out["checkpoint_bytes"]["flat"] is True
+    assert out["redis_bytes_per_row"]["change"] == 0.0
+    assert out["batch_ms"]["flat"] is None  # no batch time recorded: not judged

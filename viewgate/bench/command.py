@@ -35,6 +35,8 @@ def bench(
     minutes: float = typer.Option(10.0, "--minutes", help="How long the soak runs."),
     soak_subscriptions: int = typer.Option(2_000, help="Live subscriptions during the soak."),
     soak_connections: int = typer.Option(200, help="Websockets holding them."),
+    soak_rate: float = typer.Option(50.0, help="Demo events per second into the engine "
+                                    "during the soak (1000 for the engine's long run)."),
 ) -> None:
     """Measure viewgate on this machine: start Kafka and Redis of its own, run each group,
     merge the figures into <out>/results.json, print a table and save PNG plots."""
@@ -47,7 +49,7 @@ def bench(
 
     console = Console()
     if soak:
-        _soak(console, out, minutes, soak_subscriptions, soak_connections)
+        _soak(console, out, minutes, soak_subscriptions, soak_connections, soak_rate)
         return
     if quick and full:
         console.print("[red]error:[/red] choose --quick or --full, not both")
@@ -90,17 +92,18 @@ def bench_settings() -> Any:
 
 
 def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
-          connections: int) -> None:
+          connections: int, demo_rate: float) -> None:
     from viewgate.bench.group import BenchError
     from viewgate.bench.soak import SoakSizes, run_soak
     from viewgate.bench.workers import WorkerError
     from viewgate.stack.errors import StackError
 
-    if minutes <= 0 or subscriptions < 1 or connections < 1:
-        console.print("[red]error:[/red] --minutes, --soak-subscriptions and "
-                      "--soak-connections must be positive")
+    if minutes <= 0 or subscriptions < 1 or connections < 1 or demo_rate <= 0:
+        console.print("[red]error:[/red] --minutes, --soak-subscriptions, "
+                      "--soak-connections and --soak-rate must be positive")
         raise typer.Exit(2)
-    sizes = SoakSizes(minutes=minutes, subscriptions=subscriptions, connections=connections)
+    sizes = SoakSizes(minutes=minutes, subscriptions=subscriptions, connections=connections,
+                      demo_rate=demo_rate)
     try:
         report = run_soak(bench_settings(), sizes, out, console)
     except (BenchError, StackError, WorkerError) as error:

@@ -15,7 +15,9 @@ demo traffic (`demo_rate` events/s: customer changes, orders, deletes), the gate
    `capacity_rps`.
 3. Soak: for `minutes`, open-loop load (load.open_loop) of that mix at half of
    `capacity_rps`. Every `sample_s` the
-   resident memory (VmRSS) of the gateway, of the engine's JVM and of its Python driver.
+   resident memory (VmRSS) of the gateway, of the engine's JVM and of its Python driver,
+   and what the engine keeps (engine_storage: Delta and Redis bytes per row, checkpoint
+   bytes, batch time), whose start and end are compared (flat within 20%).
 
 Errors: wrong HTTP answers (not 200, or GraphQL `errors`), subscription errors, websocket
 closes the client did not ask for, changes whose version did not grow, and engine queries
@@ -36,8 +38,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from schema import demo
 from schema.settings import Settings
+from viewgate.bench import engine_storage
 from viewgate.bench.stats import percentile
 
 TOPIC_PREFIX = "bench-soak"
@@ -202,14 +207,19 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
             pids = {"gateway": gateway.pid, "engine_jvm": _jvm_pid(spark),
                     "engine_driver": os.getpid()}
             samples: dict[str, list[tuple[float, int]]] = {name: [] for name in pids}
+            held: list[tuple[float, dict[str, float]]] = []  # what the engine keeps
+            redis_client = redis.Redis.from_url(settings.redis_url)
             started = time.monotonic()
             while True:
+                now = round(time.monotonic() - started, 2)
                 for name, pid in pids.items():
                     kb = _rss_kb(pid)
                     if kb is not None:
-                        samples[name].append((round(time.monotonic() - started, 2), kb))
+                        samples[name].append((now, kb))
+                held.append((now, engine_storage.sample(settings, catalog, redis_client)))
                 if load.done(sizes.sample_s):
                     break
+            redis_client.close()
             loaded = load.result(timeout_s=60)
             stop.set()
             subscribed = [w.result(timeout_s=120) for w in subscribers]
@@ -235,6 +245,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
         "gateway_died": int(not gateway_alive),
     }
     growth = {name: memory_growth(series, duration_s) for name, series in samples.items()}
+    engine_flat = engine_storage.flatness(held, duration_s, growth_window(duration_s))
     latency = loaded["latency_ms"]
     problems = verdict(errors, growth["gateway"])
     return {
@@ -258,6 +269,8 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
         "subscription_changes": total("changes"),
         "memory_growth": growth,
         "rss_kb": samples,
+        "engine_storage": held,
+        "engine_flatness": engine_flat,
         "latency_over_time": latency_over_time(latency, rate, sizes.sample_s),
         "sizes": asdict(sizes),
     }
@@ -331,6 +344,9 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
         rows.append((f"{name} RSS growth", "n/a" if growth is None else
                      f"{growth['growth']:+.1%} ({growth['baseline_kb'] / 1024:,.0f} -> "
                      f"{growth['final_kb'] / 1024:,.0f} MiB)"))
+    for name, flat in report.get("engine_flatness", {}).items():
+        rows.append((f"engine {name}", "n/a" if flat["change"] is None else
+                     f"{flat['change']:+.1%} ({flat['start']:,.1f} -> {flat['end']:,.1f})"))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)

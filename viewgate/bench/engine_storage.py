@@ -1,0 +1,79 @@
+"""What the engine keeps as it runs, sampled during the soak: the Delta tables' bytes on disk
+and rows, the Spark checkpoints' bytes, Redis's memory and keys, and each view's last batch
+duration. A run of months must keep these flat per row (Delta, Redis) or flat (checkpoints,
+batch time): `flatness` compares the start of a soak with its end."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import redis
+from deltalake import DeltaTable
+
+from schema.catalog import Catalog
+from schema.settings import Settings
+from schema.storage import ViewMeta, delta_table_path, meta_key
+
+FLAT_LIMIT = 0.20  # the issue's goal: start and end within 20 percent
+
+
+def _bytes_under(location: str) -> int:
+    root = Path(location.removeprefix("file://"))
+    if "://" in location and not location.startswith("file://"):
+        return 0  # object storage: not sampled
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.exists() else 0
+
+
+def _delta_rows(settings: Settings, view: str) -> int:
+    try:
+        table = DeltaTable(delta_table_path(settings.delta_location, view, 0))
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "num_records" not in actions.column_names:
+        return 0
+    return int(pa.compute.sum(actions["num_records"]).as_py() or 0)
+
+
+def sample(settings: Settings, catalog: Catalog, client: redis.Redis) -> dict[str, float]:
+    """One sample of what the engine holds (see the module docstring)."""
+    rows = sum(_delta_rows(settings, view) for view in catalog.views)
+    delta_bytes = _bytes_under(settings.delta_location)
+    memory = int(client.info("memory")["used_memory"])
+    batch_ms = [ViewMeta.from_fields(client.hgetall(meta_key(v))).batch_ms
+                for v in catalog.views]
+    return {
+        "delta_rows": rows,
+        "delta_bytes": delta_bytes,
+        "delta_bytes_per_row": delta_bytes / rows if rows else 0.0,
+        "checkpoint_bytes": _bytes_under(settings.checkpoint_location),
+        "redis_used_bytes": memory,
+        "redis_bytes_per_row": memory / rows if rows else 0.0,
+        "batch_ms": max(batch_ms, default=0),
+    }
+
+
+# The series that must stay flat (per row where the data grows with the traffic).
+FLAT_SERIES = ("delta_bytes_per_row", "checkpoint_bytes", "redis_bytes_per_row", "batch_ms")
+
+
+def flatness(samples: Sequence[tuple[float, Mapping[str, float]]], duration_s: float,
+             window_s: float) -> dict[str, dict[str, Any]]:
+    """Per series: the median over the window after a warm-up window against the median
+    over the last window, and whether they are within FLAT_LIMIT of each other."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in FLAT_SERIES:
+        start = [s[name] for t, s in samples if window_s <= t < 2 * window_s]
+        end = [s[name] for t, s in samples if t >= duration_s - window_s]
+        if not start or not end or statistics.median(start) == 0:
+            out[name] = {"start": None, "end": None, "change": None, "flat": None}
+            continue
+        first, last = statistics.median(start), statistics.median(end)
+        change = round(last / first - 1, 4)
+        out[name] = {"start": round(first, 1), "end": round(last, 1), "change": change,
+                     "flat": abs(change) <= FLAT_LIMIT}
+    return out
