@@ -1,0 +1,119 @@
+"""The incremental step of a view over views: its inputs' changes in, its own changes out.
+
+A view over views has table semantics: its rows are its SQL over its inputs' current rows.
+For one batch, given each changed input's (previous row, new row) pairs:
+1. the keys the changes can affect (engine.affected, from the view's lineage);
+2. the input rows those keys are computed from: the rows of the input the key comes from
+   with those keys, then, following the SQL's join equalities, the rows of each other
+   input that join them;
+3. the view's own SQL over those rows (Spark, a batch query over local relations): the
+   affected keys' new rows;
+4. compared with the stored rows of those keys: a key whose row appears, changes or
+   disappears is a change of the view.
+Nothing is subtracted, so a row leaving a WHERE or a group is retracted, and min, max,
+count(DISTINCT) and max_by stay exact: the affected groups are recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from engine.affected import KeysByLookup, UntraceableKey, plan_affected
+from engine.analysis import SQL_LOCK
+from engine.lineage import Lineage
+from schema.errors import Problem
+
+Row = dict[str, Any]
+Key = tuple[Any, ...]
+Change = tuple[Row | None, Row | None]  # (previous row, new row); None: absent
+
+
+class CurrentRows(Protocol):
+    """An input's rows as they are after this batch's changes to it."""
+
+    def rows_where(self, table: str, column: str, values: set[Any]) -> list[Row]: ...
+
+
+@dataclass(frozen=True)
+class TableView:
+    """What the incremental step needs of a view: its name, SQL, key, and the Spark schema
+    of each input (to register the gathered rows under the names the SQL reads)."""
+
+    name: str
+    sql: str
+    key: tuple[str, ...]
+    inputs: Mapping[str, StructType]
+
+
+def affected_keys(view: TableView, lineage: Lineage, changes: Mapping[str, Sequence[Change]],
+                  current: CurrentRows) -> set[Key]:
+    keys: set[Key] = set()
+    for table, pairs in changes.items():
+        rows = [row for pair in pairs for row in pair]
+        plan = plan_affected(view.name, view.key, lineage, table)
+        if isinstance(plan, KeysByLookup):
+            found = current.rows_where(plan.table, plan.match, plan.values(rows))
+            keys |= {tuple(r[c] for c in plan.key_columns) for r in found}
+        else:
+            keys |= plan.keys(rows)
+    return keys
+
+
+def _gather(view: TableView, lineage: Lineage, keys: set[Key],
+            current: CurrentRows) -> dict[str, list[Row]]:
+    """The input rows the affected keys are computed from (step 2 of the docstring)."""
+    traced = [lineage.source_of(k) for k in view.key]
+    driving = traced[0].table  # plan_affected checked: every key column, one input
+    names = [c.name for c in traced]
+    candidates = current.rows_where(driving, names[0], {k[0] for k in keys})
+    gathered = {driving: [r for r in candidates if tuple(r[n] for n in names) in keys]}
+    pending = True
+    while pending:
+        pending = False
+        for left, right in lineage.equalities:
+            for have, need in ((left, right), (right, left)):
+                if have.table in gathered and need.table not in gathered:
+                    values = {r[have.name] for r in gathered[have.table]} - {None}
+                    gathered[need.table] = current.rows_where(need.table, need.name, values)
+                    pending = True
+    missing = [t for t in view.inputs if t not in gathered]
+    if missing:
+        raise UntraceableKey(Problem(
+            view.name, None,
+            f"no join equality connects {', '.join(missing)} to {driving}, so the rows of "
+            f"{', '.join(missing)} an affected key needs cannot be found",
+            "join every input with an equality on columns (ON a.x = b.y)"))
+    return gathered
+
+
+def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[Row]],
+              keys: set[Key]) -> dict[Key, Row]:
+    """The view's SQL over the gathered rows: the affected keys' new rows."""
+    with SQL_LOCK:
+        for table, schema in view.inputs.items():
+            spark.createDataFrame(gathered.get(table, []), schema).createOrReplaceTempView(table)
+        rows = [r.asDict(recursive=True) for r in spark.sql(view.sql).collect()]
+    out = {}
+    for row in rows:
+        key = tuple(row[k] for k in view.key)
+        if key in keys:
+            out[key] = row
+    return out
+
+
+def view_changes(spark: SparkSession, view: TableView, lineage: Lineage,
+                 changes: Mapping[str, Sequence[Change]], current: CurrentRows,
+                 stored: Callable[[set[Key]], Mapping[Key, Row]]) -> dict[Key, Change]:
+    """The view's changes for one batch of its inputs' changes: {key: (previous, new)},
+    only the keys whose row appears, changes or disappears."""
+    keys = affected_keys(view, lineage, changes, current)
+    if not keys:
+        return {}
+    new = recompute(spark, view, _gather(view, lineage, keys, current), keys)
+    old = stored(keys)
+    return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}

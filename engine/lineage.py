@@ -1,0 +1,159 @@
+"""Where a view's output columns come from, read off Spark's analyzed plan of its SQL.
+
+For views over views the engine must know which of a view's keys a change of one of its
+inputs can affect, without running the view over its whole inputs. Spark's analyzed plan
+says it: every output column that is a plain copy of an input column (through projections,
+aliases, joins and GROUP BY), the conditions that equate two input columns (join keys), and
+the input columns a view groups by. `Lineage` holds that, per input table and column name.
+
+The plan is read as Spark serialises it (`LogicalPlan.toJSON`): a list of nodes in
+pre-order, each expression a list of expression nodes in pre-order, attributes identified
+by their `exprId`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_ATTRIBUTE = "org.apache.spark.sql.catalyst.expressions.AttributeReference"
+_ALIAS = "org.apache.spark.sql.catalyst.expressions.Alias"
+_EQUAL = "org.apache.spark.sql.catalyst.expressions.EqualTo"
+
+
+@dataclass(frozen=True, order=True)
+class Column:
+    table: str  # the input's name as the SQL reads it (a view or a source)
+    name: str
+
+
+@dataclass(frozen=True)
+class Lineage:
+    inputs: tuple[str, ...]  # the tables the SQL reads, in plan order
+    outputs: Mapping[str, Column | None]  # output column -> the input column it copies
+    equalities: tuple[tuple[Column, Column], ...]  # input columns a condition equates
+    grouped_by: tuple[Column, ...] | None  # the GROUP BY columns; None: no aggregate
+
+    def source_of(self, output: str) -> Column | None:
+        return self.outputs.get(output)
+
+
+@dataclass
+class _Node:
+    fields: dict[str, Any]
+    children: list[_Node]
+
+    @property
+    def kind(self) -> str:
+        return self.fields["class"].rsplit(".", 1)[-1]
+
+
+def _tree(nodes: list[dict[str, Any]]) -> _Node:
+    """The pre-order list as a tree."""
+    position = 0
+
+    def build() -> _Node:
+        nonlocal position
+        fields = nodes[position]
+        position += 1
+        return _Node(fields, [build() for _ in range(fields["num-children"])])
+
+    return build()
+
+
+def _expr_id(expression: dict[str, Any]) -> int:
+    return int(expression["exprId"]["id"])
+
+
+def _copied_attribute(expression: list[dict[str, Any]]) -> int | None:
+    """The exprId an output expression copies: an attribute, or an alias of one."""
+    root = expression[0]
+    if root["class"] == _ATTRIBUTE:
+        return _expr_id(root)
+    if root["class"] == _ALIAS and len(expression) == 2 and expression[1]["class"] == _ATTRIBUTE:
+        return _expr_id(expression[1])
+    return None
+
+
+def _output_id(expression: list[dict[str, Any]]) -> tuple[str, int]:
+    root = expression[0]
+    return root["name"], _expr_id(root)
+
+
+def _equalities(condition: list[dict[str, Any]]) -> Iterator[tuple[int, int]]:
+    """Pairs of attributes an `a = b` in the condition equates (anywhere under ANDs)."""
+    for i, node in enumerate(condition):
+        if node["class"] == _EQUAL and i + 2 < len(condition):
+            left, right = condition[i + 1], condition[i + 2]
+            if left["class"] == _ATTRIBUTE and right["class"] == _ATTRIBUTE:
+                yield _expr_id(left), _expr_id(right)
+
+
+class _Walk:
+    """Attributes (by exprId) traced to input columns, bottom-up through the plan."""
+
+    def __init__(self) -> None:
+        self.columns: dict[int, Column] = {}
+        self.inputs: list[str] = []
+        self.pairs: list[tuple[int, int]] = []
+        self.grouping: list[int] | None = None
+
+    def output(self, node: _Node, table: str | None = None) -> list[tuple[str, int]]:
+        """The node's output attributes as (name, exprId), recording lineage on the way."""
+        kind = node.kind
+        if kind == "View":
+            table = node.fields["desc"]["identifier"]["table"]
+            self.inputs.append(table)
+        outputs = [self.output(child, table) for child in node.children]
+        if not node.children:  # a relation: its attributes are the input's columns
+            attributes = [_output_id(e) for e in node.fields.get("output", [])]
+            if table is not None:
+                for name, expr_id in attributes:
+                    self.columns[expr_id] = Column(table, name)
+            return attributes
+        if kind == "Join":
+            self.pairs += _equalities(node.fields.get("condition") or [])
+            return outputs[0] + outputs[1]
+        if kind == "Filter":
+            self.pairs += _equalities(node.fields.get("condition") or [])
+        if kind in ("Project", "Aggregate"):
+            key = "projectList" if kind == "Project" else "aggregateExpressions"
+            if kind == "Aggregate":
+                self.grouping = [_expr_id(e[0]) for e in node.fields["groupingExpressions"]
+                                 if e[0]["class"] == _ATTRIBUTE]
+            produced = []
+            for expression in node.fields[key]:
+                name, expr_id = _output_id(expression)
+                copied = _copied_attribute(expression)
+                if copied is not None and copied in self.columns:
+                    self.columns[expr_id] = self.columns[copied]
+                produced.append((name, expr_id))
+            return produced
+        return outputs[0] if outputs else []
+
+
+def lineage_of_plan(plan_json: str) -> Lineage:
+    """Lineage from an analyzed plan's JSON (`queryExecution().analyzed().toJSON()`)."""
+    walk = _Walk()
+    outputs = walk.output(_tree(json.loads(plan_json)))
+    columns = walk.columns
+    pairs = tuple(
+        tuple(sorted((columns[a], columns[b])))
+        for a, b in walk.pairs if a in columns and b in columns
+    )
+    grouped = None if walk.grouping is None else tuple(
+        columns[g] for g in walk.grouping if g in columns)
+    return Lineage(
+        inputs=tuple(dict.fromkeys(walk.inputs)),
+        outputs={name: columns.get(expr_id) for name, expr_id in outputs},
+        equalities=tuple(dict.fromkeys(pairs)),  # type: ignore[arg-type]
+        grouped_by=grouped,
+    )
+
+
+def lineage(spark: Any, sql: str) -> Lineage:
+    """The lineage of `sql` over the temporary views registered in `spark` (the engine
+    registers each input as a temp view named as the SQL reads it)."""
+    return lineage_of_plan(spark.sql(sql)._jdf.queryExecution().analyzed().toJSON())

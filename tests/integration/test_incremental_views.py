@@ -1,0 +1,137 @@
+"""The incremental step of views over views, property-style: random batches of order and
+customer changes (inserts, updates, group moves, status changes in and out of a WHERE,
+tier changes, deletes) flow through a join view and an aggregate over it; after every batch
+each view equals its SQL run as a Spark batch query over its inputs' current rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pyspark.sql.types import StructType
+
+from engine.analysis import SQL_LOCK
+from engine.incremental import Change, Key, Row, TableView, view_changes
+from engine.lineage import lineage
+
+pytestmark = pytest.mark.integration
+
+SCHEMAS = {
+    "OrderRecord": "order_id STRING, customer_id STRING, amount DOUBLE, status STRING",
+    "Customer": "customer_id STRING, tier STRING",
+    "Order": "order_id STRING, customer_id STRING, amount DOUBLE, status STRING, "
+             "customer_tier STRING",
+}
+ORDER_SQL = """
+    SELECT o.order_id, o.customer_id, o.amount, o.status, c.tier AS customer_tier
+    FROM OrderRecord o LEFT JOIN Customer c ON o.customer_id = c.customer_id"""
+STATS_SQL = """
+    SELECT customer_id, count(*) AS order_count, sum(amount) AS total_spent,
+           min(amount) AS min_order, max(amount) AS max_order,
+           count(DISTINCT status) AS statuses, max_by(order_id, amount) AS biggest_order
+    FROM `Order` WHERE status <> 'cancelled' GROUP BY customer_id"""
+KEYS = {"OrderRecord": ("order_id",), "Customer": ("customer_id",), "Order": ("order_id",),
+        "CustomerStats": ("customer_id",)}
+
+
+class Tables:
+    """Every input's current rows in memory: {table: {key: row}}."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, dict[Key, Row]] = {t: {} for t in KEYS}
+
+    def rows_where(self, table: str, column: str, values: set) -> list[Row]:
+        return [dict(r) for r in self.data[table].values() if r.get(column) in values]
+
+    def apply(self, table: str, changes: dict[Key, Change]) -> None:
+        for key, (_, new) in changes.items():
+            if new is None:
+                self.data[table].pop(key, None)
+            else:
+                self.data[table][key] = new
+
+    def stored(self, table: str):
+        return lambda keys: {k: self.data[table][k] for k in keys if k in self.data[table]}
+
+
+def _schema(spark, ddl: str) -> StructType:
+    return spark.createDataFrame([], ddl).schema
+
+
+def _batch(rng: random.Random, tables: Tables, next_order: list[int]) -> dict[str, dict]:
+    """A batch of random source changes: {table: {key: (previous, new)}}."""
+    out: dict[str, dict[Key, Change]] = {"OrderRecord": {}, "Customer": {}}
+    for _ in range(rng.randint(1, 12)):
+        roll = rng.random()
+        customers = tables.data["Customer"]
+        orders = tables.data["OrderRecord"]
+        if roll < 0.2 or not customers:  # a customer appears or changes tier
+            cid = f"C{rng.randrange(6)}"
+            new = {"customer_id": cid, "tier": rng.choice(["gold", "silver", "bronze"])}
+            key, table, row = (cid,), "Customer", new
+        elif roll < 0.27:  # a customer is deleted (its orders keep a null tier)
+            key, table, row = rng.choice(list(customers)), "Customer", None
+        elif roll < 0.55 or not orders:  # a new order
+            next_order[0] += 1
+            oid = f"O{next_order[0]:04d}"
+            row = {"order_id": oid, "customer_id": f"C{rng.randrange(7)}",
+                   "amount": float(rng.randrange(1, 500)), "status": "placed"}
+            key, table = (oid,), "OrderRecord"
+        elif roll < 0.9:  # an order changes: status (in or out of the WHERE), customer, amount
+            key = rng.choice(list(orders))
+            row = dict(orders[key])
+            what = rng.random()
+            if what < 0.5:
+                row["status"] = rng.choice(["paid", "shipped", "cancelled", "placed"])
+            elif what < 0.8:
+                row["customer_id"] = f"C{rng.randrange(7)}"  # moves to another group
+            else:
+                row["amount"] = float(rng.randrange(1, 500))
+            table = "OrderRecord"
+        else:  # an order is deleted
+            key, table, row = rng.choice(list(orders)), "OrderRecord", None
+        previous = out[table][key][0] if key in out[table] else tables.data[table].get(key)
+        out[table][key] = (previous, row)
+        tables.apply(table, {key: (previous, row)})
+    return {t: {k: c for k, c in changes.items() if c[0] != c[1]} for t, changes in out.items()}
+
+
+def _batch_query(spark, sql: str, tables: Tables, inputs: dict[str, StructType],
+                 key: tuple[str, ...]) -> dict[Key, Row]:
+    with SQL_LOCK:
+        for table, schema in inputs.items():
+            spark.createDataFrame(list(tables.data[table].values()), schema
+                                  ).createOrReplaceTempView(table)
+        rows = [r.asDict(recursive=True) for r in spark.sql(sql).collect()]
+    return {tuple(r[k] for k in key): r for r in rows}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_views_over_views_equal_their_batch_query_after_every_batch(spark, seed):
+    schemas = {t: _schema(spark, ddl) for t, ddl in SCHEMAS.items()}
+    order = TableView("Order", ORDER_SQL, ("order_id",),
+                      {"OrderRecord": schemas["OrderRecord"], "Customer": schemas["Customer"]})
+    stats = TableView("CustomerStats", STATS_SQL, ("customer_id",), {"Order": schemas["Order"]})
+    with SQL_LOCK:
+        for table, schema in schemas.items():
+            spark.createDataFrame([], schema).createOrReplaceTempView(table)
+        order_lineage, stats_lineage = lineage(spark, order.sql), lineage(spark, stats.sql)
+    rng, tables, counter = random.Random(seed), Tables(), [0]
+    retracted = 0
+    for _ in range(6):
+        sources = _batch(rng, tables, counter)
+        changed = {t: list(c.values()) for t, c in sources.items() if c}
+        order_changes = view_changes(spark, order, order_lineage, changed, tables,
+                                     tables.stored("Order"))
+        tables.apply("Order", order_changes)
+        stats_changes = view_changes(spark, stats, stats_lineage,
+                                     {"Order": list(order_changes.values())}, tables,
+                                     tables.stored("CustomerStats"))
+        tables.apply("CustomerStats", stats_changes)
+        retracted += sum(1 for old, new in stats_changes.values() if old and not new)
+
+        assert tables.data["Order"] == _batch_query(spark, ORDER_SQL, tables, order.inputs,
+                                                    order.key)
+        assert tables.data["CustomerStats"] == _batch_query(
+            spark, STATS_SQL, tables, stats.inputs, stats.key)
+    assert tables.data["CustomerStats"], "the sequence never produced a group"

@@ -1,0 +1,58 @@
+"""Lineage read off Spark's analyzed plan: what the incremental step of views over views
+relies on, for the shapes the demo's views take (a join that follows both sides, an
+aggregate over a view, a filter, aliases)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.analysis import SQL_LOCK
+from engine.lineage import Column, lineage
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def tables(spark):
+    with SQL_LOCK:
+        spark.createDataFrame(
+            [], "order_id STRING, customer_id STRING, amount DOUBLE, status STRING"
+        ).createOrReplaceTempView("OrderRecord")
+        spark.createDataFrame([], "customer_id STRING, tier STRING, country STRING"
+                              ).createOrReplaceTempView("Customer")
+        yield spark
+
+
+def test_a_join_traces_each_side_and_its_condition(tables):
+    found = lineage(tables, """
+        SELECT o.order_id, o.customer_id, o.amount * 2 AS doubled,
+               c.tier AS customer_tier, c.country
+        FROM OrderRecord o LEFT JOIN Customer c ON o.customer_id = c.customer_id""")
+    assert found.inputs == ("OrderRecord", "Customer")
+    assert found.source_of("order_id") == Column("OrderRecord", "order_id")
+    assert found.source_of("customer_tier") == Column("Customer", "tier")
+    assert found.source_of("country") == Column("Customer", "country")
+    assert found.source_of("doubled") is None
+    assert found.equalities == ((Column("Customer", "customer_id"),
+                                 Column("OrderRecord", "customer_id")),)
+    assert found.grouped_by is None
+
+
+def test_an_aggregate_traces_its_groups(tables):
+    found = lineage(tables, """
+        SELECT customer_id AS customer, count(*) AS n, max(amount) AS biggest
+        FROM OrderRecord WHERE status <> 'cancelled' GROUP BY customer_id""")
+    assert found.source_of("customer") == Column("OrderRecord", "customer_id")
+    assert found.source_of("n") is None and found.source_of("biggest") is None
+    assert found.grouped_by == (Column("OrderRecord", "customer_id"),)
+
+
+def test_an_aggregate_over_a_join_groups_by_the_joined_side(tables):
+    found = lineage(tables, """
+        SELECT c.tier, sum(o.amount) AS revenue
+        FROM OrderRecord o JOIN Customer c ON c.customer_id = o.customer_id
+        GROUP BY c.tier""")
+    assert found.source_of("tier") == Column("Customer", "tier")
+    assert found.grouped_by == (Column("Customer", "tier"),)
+    assert (Column("Customer", "customer_id"), Column("OrderRecord", "customer_id")) \
+        in found.equalities
