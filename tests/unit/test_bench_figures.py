@@ -173,7 +173,8 @@ def test_figures_and_verdicts():
 def test_groups_and_sizes():
     with pytest.raises(BenchError, match="unknown benchmark group"):
         select_groups(["engine", "nope"])
-    assert [g.name for g in select_groups(None)] == ["engine", "gateway", "subscriptions"]
+    assert [g.name for g in select_groups(None)] == ["engine", "gateway", "subscriptions",
+                                                     "storage"]
     assert sizes_for("quick", {"engine_events": 10, "engine_batch": None}).engine_events == 10
     assert sizes_for("full").engine_events == MODES["full"].engine_events
     with pytest.raises(BenchError):
