@@ -25,9 +25,8 @@ def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
 
     def on_signal(number: int, _frame: object) -> None:
         received.append(signal.Signals(number))
-        # Sent to the process group, the signal stops Spark's JVM too: Py4J's complaints
-        # about it are not news then.
-        logging.getLogger("py4j").setLevel(logging.CRITICAL)
+        if len(received) == 1:
+            _stopping(received[0])
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -44,14 +43,15 @@ def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
     try:
         queries = engine.start()
         say(f"engine: {len(queries)} queries running: {', '.join(q.name for q in queries)}")
-        engine.run_until_stopped(stop, on_stop=lambda: _stopping(received))
+        engine.run_until_stopped(stop)
     finally:
         _stop_spark(spark)
 
 
-def _stopping(received: list[signal.Signals]) -> None:
-    """One line that says why the engine stops and what was in flight."""
-    cause = received[0].name if received else "request"
+def _stopping(received: signal.Signals) -> None:
+    """One line that says why the engine stops and what was in flight when it was asked to
+    (Spark's JVM ignores SIGTERM, see engine.spark: the queries are stopped from here)."""
+    cause = received.name
     flight = ", ".join(f"{view} batch {batch}" for view, batch in sorted(IN_FLIGHT.items()))
     log.info("engine stopping on %s; %s", cause,
              f"commits in flight: {flight} (replayed from the checkpoint at the next start)"
@@ -61,5 +61,5 @@ def _stopping(received: list[signal.Signals]) -> None:
 def _stop_spark(spark) -> None:
     try:
         spark.stop()
-    except Exception:  # noqa: BLE001 - the JVM stopped first (SIGTERM to the process group)
+    except Exception:  # noqa: BLE001 - the JVM is gone already (killed on its own)
         log.info("Spark's JVM had stopped already")

@@ -8,7 +8,6 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
 
 import redis
 from pyspark.sql import SparkSession
@@ -120,8 +119,7 @@ class Engine:
                 moved.append(name)
         return moved
 
-    def run_until_stopped(self, stop: threading.Event, poll_s: float = 1.0,
-                          on_stop: Callable[[], None] = lambda: None) -> None:
+    def run_until_stopped(self, stop: threading.Event, poll_s: float = 1.0) -> None:
         """Block until `stop` is set. A query that fails (Kafka unreachable, Redis down, a
         bug) is restarted from its checkpoint after a growing pause, so nothing is lost or
         counted twice; its error is in the view's meta and metrics meanwhile."""
@@ -138,14 +136,20 @@ class Engine:
                             self.other_queries[i] = self._restart_other(query.name)
                 self.follow_rebuilds()
         finally:
-            on_stop()
             self.stop_queries()
 
-    def stop_queries(self) -> bool:
-        """Stop every query; False when Spark's JVM is gone already (a SIGTERM to the whole
-        process group, as systemd and Kubernetes send it, reaches the JVM too)."""
+    def stop_queries(self, drain_s: float = 30.0) -> bool:
+        """Stop every query, each once its batch in flight is done (within `drain_s` for
+        all): stopping a query interrupts its batch, and one interrupted inside its Python
+        commit makes Spark's stream thread fail noisily (a StackOverflowError in its error
+        handling). False when Spark's JVM is gone already (killed on its own)."""
+        deadline = time.monotonic() + drain_s
         for query in self.queries:
             try:
+                # Spark offers no event for the end of a batch: poll its status.
+                while (query.isActive and query.status["isTriggerActive"]
+                       and time.monotonic() < deadline):
+                    time.sleep(0.05)
                 query.stop()
             except Exception:  # noqa: BLE001 - Py4J and PySpark errors of a dead JVM vary
                 return False

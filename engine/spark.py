@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
@@ -12,6 +16,25 @@ from schema.settings import Settings
 
 class MissingJarsError(RuntimeError):
     pass
+
+
+@contextmanager
+def _jvm_ignoring_sigterm() -> Iterator[None]:
+    """Start Spark's JVM with SIGTERM ignored, as PySpark starts it with SIGINT ignored.
+
+    systemd and Kubernetes send SIGTERM to the whole process group. Had the JVM taken it,
+    it would die under a batch in flight while the driver still stops its queries
+    (tracebacks from Py4J, Spark's accumulator server and the interrupted batch). Ignored,
+    the driver alone handles it: it stops the queries, then Spark, and the JVM with it.
+    SIGKILL still takes both, and the JVM exits on its own if the driver dies."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be changed from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkSession:
@@ -52,7 +75,9 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.databricks.delta.properties.defaults.enableChangeDataFeed", "true")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+        # -Xrs: the JVM installs no SIGTERM handler of its own, so the SIGTERM it inherits
+        # ignored (see _jvm_ignoring_sigterm) stays ignored.
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN -Xrs")
         # Checkpoints keep this many batches (offsets, commits, state versions), no more.
         # Python workers run this interpreter (the project's virtualenv), not whatever
         # `python3` comes first on PATH (PySpark reads PYSPARK_PYTHON, set below).
@@ -63,7 +88,8 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
     )
     for key, value in settings.spark_conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _jvm_ignoring_sigterm():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     _quiet(spark, _NOISY_LOGGERS)
     return spark
