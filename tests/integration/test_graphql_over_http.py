@@ -9,12 +9,12 @@ must step aside for it."""
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterator
 
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from ws_clients import GatewayServer
 
 pytestmark = pytest.mark.integration
@@ -50,10 +50,11 @@ def key(gateway_shop) -> str:
 def _answered_by(http: httpx.Client, operation: str) -> dict[str, float]:
     """Requests answered per path for an operation name, from /metrics."""
     counts = {"general": 0.0, "compiled": 0.0}
-    pattern = re.compile(r'viewgate_gateway_requests_total\{operation="' + operation
-                         + r'",path="(\w+)"\} (\S+)')
-    for match in pattern.finditer(http.get("/metrics").text):
-        counts[match[1]] = float(match[2])
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "viewgate_gateway_requests_total" \
+                    and sample.labels.get("operation") == operation:
+                counts[sample.labels["path"]] = sample.value
     return counts
 
 
