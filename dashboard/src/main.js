@@ -31,7 +31,7 @@ const LAST_ORDERS = `query LastOrders {
 }`;
 const ORDER_CHANGES = `subscription OrderFeed($after: String, $afterVersion: Int) {
   orderChanges(after: $after, afterVersion: $afterVersion) {
-    op key version cursor committedAtMs row { ${ORDER_FIELDS} }
+    op key version cursor row { ${ORDER_FIELDS} }
   }
 }`;
 
@@ -79,6 +79,9 @@ const client = new Client({
 const money = new Intl.NumberFormat("en", { style: "currency", currency: "USD" });
 const compactMoney = new Intl.NumberFormat("en", {
   style: "currency", currency: "USD", notation: "compact", maximumFractionDigits: 1,
+});
+const clock = new Intl.DateTimeFormat([], {
+  hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23",
 });
 const errors = {};
 
@@ -214,9 +217,8 @@ function drawFeed() {
     li.dataset.version = item.version ?? "";
     li.dataset.op = item.op;
     const row = item.row || {};
-    const when = item.committedAtMs ? new Date(item.committedAtMs) : new Date(row.ts);
     li.append(
-      element("span", "time", when.toLocaleTimeString()),
+      element("span", "time", row.ts ? clock.format(new Date(row.ts)) : ""),
       element("span", `op ${item.op}`, item.op === "ROW" ? "order" : item.op.toLowerCase()),
       element("span", "what", `${item.key} · ${row.customerId ?? ""} · ${row.productId ?? ""}`
         + (row.status ? ` · ${row.status}` : "")),
