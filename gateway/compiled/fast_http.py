@@ -19,7 +19,14 @@ from urllib.parse import parse_qsl
 import orjson
 
 from gateway.access.auth import ROLE_HEADER
-from gateway.http.http import JSON, BadRequest, GraphQLHTTP, negotiate, parse_params
+from gateway.http.http import (
+    BadRequest,
+    GraphQLHTTP,
+    is_json_body,
+    media_for,
+    negotiate,
+    parse_params,
+)
 from gateway.ops.metrics import observe_request
 
 ROLE_HEADER_BYTES = ROLE_HEADER.encode()
@@ -68,8 +75,7 @@ class FastEntry:
                 role = value.decode("latin-1")
         body, more, messages = await _read_body(receive, self.max_body)
         answered = False
-        if not more and content_type is not None \
-                and content_type.split(";")[0].strip().lower() == JSON:
+        if not more and is_json_body(content_type):
             try:
                 params = orjson.loads(body)
             except orjson.JSONDecodeError:
@@ -87,11 +93,12 @@ class FastEntry:
             return
         params = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         if not await self._answer(params, accept, send, headers.get(b"authorization"),
-                                  headers.get(ROLE_HEADER_BYTES)):
+                                  headers.get(ROLE_HEADER_BYTES), in_url=True):
             await self.app(scope, receive, send)
 
     async def _answer(self, params: dict[str, Any], accept: str | None, send: Send,
-                      authorization: str | None, role: str | None) -> bool:
+                      authorization: str | None, role: str | None,
+                      in_url: bool = False) -> bool:
         """Send the compiled answer; False (nothing sent) when the general path must."""
         started = time.perf_counter()
         media = negotiate(accept)
@@ -103,7 +110,8 @@ class FastEntry:
             if params is None:
                 return False
         try:
-            req = parse_params(params, self.graphql.settings.gateway_max_document_bytes)
+            req = parse_params(params, self.graphql.settings.gateway_max_document_bytes,
+                               in_url)
         except BadRequest:
             return False
         answer = await self.graphql.fast_answer(req, authorization, role)
@@ -111,7 +119,7 @@ class FastEntry:
             return False
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-length", str(len(answer)).encode()),
-            (b"content-type", media.encode())]})
+            (b"content-type", media_for(media, 200).encode())]})
         await send({"type": "http.response.body", "body": answer})
         observe_request(req.operation_name, "compiled", time.perf_counter() - started)
         return True

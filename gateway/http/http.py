@@ -1,13 +1,24 @@
-"""GraphQL over HTTP (the GraphQL-over-HTTP specification): GET and POST, JSON bodies,
-`application/json` and `application/graphql-response+json` responses with that media
-type's status codes, GraphiQL for browsers. Responses are serialized with orjson and carry
-`extensions.freshness`.
+"""GraphQL over HTTP, as the GraphQL-over-HTTP specification's draft says (README, "GraphQL
+over HTTP"): GET (queries only) and POST with a JSON body, GraphiQL for browsers. Answers
+are serialized with orjson, carry `extensions.freshness` and name their encoding
+(`; charset=utf-8`).
 
-Status codes: a malformed HTTP request (bad JSON, no query, wrong parameter types) is
-400 for both media types. A GraphQL request error (the document does not parse or
-validate, variables do not fit, a limit is hit) is 400 with
-`application/graphql-response+json` and 200 with `application/json`, as the spec says.
-Once execution starts the answer is 200, `data` present, field errors in `errors`.
+Media type: `application/graphql-response+json` when the Accept header names it first,
+`application/json` when the header is missing, is `*/*` or prefers `application/json`;
+406 when it takes neither. Every request gets the status codes of
+`application/graphql-response+json` (the spec's "watershed"): only a 2xx answer is sent as
+`application/json` to a client that asked for it, any 4xx or 5xx GraphQL response says it
+is one with `application/graphql-response+json`.
+
+Status codes: 200 with `data` and no errors; 294 with `data` and errors (field errors,
+a minimum version not reached) for `application/graphql-response+json`, 200 for
+`application/json` (the spec recommends 294 only alongside its own media type); 400 for a
+body that is not JSON or a document that does not parse; 422 for a request that is not a
+well-formed GraphQL-over-HTTP request (no query, parameters of the wrong type), a document
+that does not validate (a limit of ours included), an operation that cannot be picked,
+variables that do not fit; 405 with `Allow: POST` for a mutation or subscription over GET;
+413 for a body or document too large, 414 for a GET document too large; 415 for a POST
+whose Content-Type is not `application/json` in UTF-8.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from graphql import GraphQLError
+from graphql import GraphQLError, GraphQLSyntaxError, OperationDefinitionNode, parse
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from strawberry.exceptions import MissingQueryError
@@ -42,10 +53,13 @@ from schema.logs import REQUEST_ID
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 JSON = "application/json"
+PARTIAL = 294  # the spec's "Partial Success": data and errors
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400) -> None:
+    """A request that is not a well-formed GraphQL-over-HTTP request: 422 by default."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
         super().__init__(message)
         self.status = status
 
@@ -59,46 +73,81 @@ class GraphQLRequest:
 
 
 def negotiate(accept: str | None) -> str | None:
-    """The response media type for an Accept header; None if we offer nothing it takes."""
-    if not accept:
+    """The media type of a successful answer for an Accept header; None if it takes
+    neither of ours. Each of our types gets the quality of the most specific range that
+    matches it (RFC 9110); the higher quality wins. At equal quality
+    `application/graphql-response+json` wins only when named: a missing header, `*/*` or
+    `application/*` get `application/json`, what older clients expect."""
+    if accept is None or not accept.strip():
         return JSON
-    best: tuple[float, int, str] | None = None
+    # offered type -> (specificity of the range that matched: 2 named, 1 application/*,
+    # 0 */*; its quality)
+    best = {GRAPHQL_RESPONSE: (-1, 0.0), JSON: (-1, 0.0)}
     for part in accept.split(","):
         media, *params = (p.strip() for p in part.split(";"))
-        q = 1.0
+        media = media.lower()
+        quality = 1.0
         for param in params:
             name, _, value = param.partition("=")
-            if name.strip() == "q":
+            if name.strip().lower() == "q":
                 try:
-                    q = float(value)
+                    quality = min(max(float(value), 0.0), 1.0)
                 except ValueError:
-                    q = 0.0
-        media = media.lower()
-        if media in (GRAPHQL_RESPONSE, "application/*", "*/*"):
-            candidate = (q, 1, GRAPHQL_RESPONSE)
-        elif media == JSON:
-            candidate = (q, 0, JSON)
-        else:
-            continue
-        if q > 0 and (best is None or candidate[:2] > best[:2]):
-            best = candidate
-    return best[2] if best else None
-
-
-def _json_param(value: Any, name: str) -> dict[str, Any] | None:
-    if value is None or value == "":
+                    quality = 0.0
+        for offered in best:
+            specificity = {offered: 2, "application/*": 1, "*/*": 0}.get(media)
+            if specificity is not None and specificity > best[offered][0]:
+                best[offered] = (specificity, quality)
+    (named, gql_q), (_, json_q) = best[GRAPHQL_RESPONSE], best[JSON]
+    if gql_q <= 0 and json_q <= 0:
         return None
-    if isinstance(value, str):
+    if gql_q != json_q:
+        return GRAPHQL_RESPONSE if gql_q > json_q else JSON
+    return GRAPHQL_RESPONSE if named == 2 else JSON
+
+
+def media_for(media: str, status: int) -> str:
+    """The Content-Type of an answer: the negotiated media type for a 2xx, else
+    `application/graphql-response+json` (the spec's watershed), with its encoding."""
+    if not 200 <= status < 300:
+        media = GRAPHQL_RESPONSE
+    return f"{media}; charset=utf-8"
+
+
+def is_json_body(content_type: str | None) -> bool:
+    """Whether a POST's Content-Type is one we read: `application/json` in UTF-8 (the
+    spec's default when no charset is named)."""
+    if not content_type:
+        return False
+    media, *params = (p.strip() for p in content_type.split(";"))
+    if media.lower() != JSON:
+        return False
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+                "utf-8", "utf8"):
+            return False
+    return True
+
+
+def _json_param(value: Any, name: str, in_url: bool) -> dict[str, Any] | None:
+    """`variables` or `extensions`: a JSON object, in a GET's URL as JSON text."""
+    if value is None or (in_url and value == ""):
+        return None
+    if in_url:
         try:
             value = orjson.loads(value)
         except orjson.JSONDecodeError:
-            raise BadRequest(f"{name} is not valid JSON") from None
+            raise BadRequest(f"{name} is not valid JSON", status=400) from None
     if value is not None and not isinstance(value, dict):
-        raise BadRequest(f"{name} must be a JSON object")
+        raise BadRequest(f"{name} must be a JSON object (a map), not {type(value).__name__}")
     return value
 
 
-def parse_params(params: Mapping[str, Any], max_bytes: int) -> GraphQLRequest:
+def parse_params(params: Mapping[str, Any], max_bytes: int,
+                 in_url: bool = False) -> GraphQLRequest:
+    """The request's parameters: a POST's JSON object, or a GET's URL parameters
+    (`in_url`: strings, the empty string meaning absent)."""
     query = params.get("query")
     if query is None or query == "":
         raise BadRequest("the request has no query")
@@ -106,13 +155,29 @@ def parse_params(params: Mapping[str, Any], max_bytes: int) -> GraphQLRequest:
         raise BadRequest("query must be a string")
     if len(query.encode()) > max_bytes:
         raise BadRequest(f"the document is {len(query.encode())} bytes; the limit is "
-                         f"{max_bytes} (gateway_max_document_bytes)", status=413)
+                         f"{max_bytes} (gateway_max_document_bytes)"
+                         + ("; the URL is too long" if in_url else ""),
+                         status=414 if in_url else 413)
     operation_name = params.get("operationName")
     if operation_name is not None and not isinstance(operation_name, str):
         raise BadRequest("operationName must be a string")
-    return GraphQLRequest(query, _json_param(params.get("variables"), "variables"),
+    return GraphQLRequest(query, _json_param(params.get("variables"), "variables", in_url),
                           operation_name or None,
-                          _json_param(params.get("extensions"), "extensions"))
+                          _json_param(params.get("extensions"), "extensions", in_url))
+
+
+def operation_type(query: str, operation_name: str | None) -> str | None:
+    """The type of the operation a document and name pick ("query", "mutation",
+    "subscription"), or None if the document does not parse or names no such operation
+    (validation then says why)."""
+    try:
+        document = parse(query, no_location=True)
+    except GraphQLError:
+        return None
+    operations = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
+    if operation_name is not None:
+        operations = [o for o in operations if o.name and o.name.value == operation_name]
+    return operations[0].operation.value if len(operations) == 1 else None
 
 
 def _error(error: GraphQLError) -> dict[str, Any]:
@@ -123,13 +188,17 @@ def _error(error: GraphQLError) -> dict[str, Any]:
     return formatted
 
 
-def respond(body: dict[str, Any], media: str, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type=media)
+def respond(body: dict[str, Any], media: str, status: int = 200,
+            headers: Mapping[str, str] | None = None) -> Response:
+    """A GraphQL response; `media` is the negotiated type (media_for picks the header)."""
+    return Response(orjson.dumps(body), status_code=status, headers=headers,
+                    media_type=media_for(media, status))
 
 
-def request_error(message: str, media: str, status: int, code: str = "BAD_REQUEST") -> Response:
+def request_error(message: str, media: str, status: int, code: str = "BAD_REQUEST",
+                  headers: Mapping[str, str] | None = None) -> Response:
     return respond({"errors": [{"message": message, "extensions": {"code": code}}]},
-                   media, status)
+                   media, status, headers)
 
 
 class GraphQLHTTP:
@@ -157,21 +226,26 @@ class GraphQLHTTP:
             return HTMLResponse(self.ide)
         media = negotiate(accept)
         if media is None:
-            return request_error(f"cannot answer in any of {accept}; accept {GRAPHQL_RESPONSE} "
-                                 f"or {JSON}", JSON, 406, "NOT_ACCEPTABLE")
+            # Before any processing; the client takes neither of our types: plain JSON.
+            body = {"errors": [{"message": f"cannot answer in any of {accept}; accept "
+                                f"{GRAPHQL_RESPONSE} or {JSON}",
+                                "extensions": {"code": "NOT_ACCEPTABLE"}}]}
+            return Response(orjson.dumps(body), status_code=406,
+                            media_type=f"{JSON}; charset=utf-8")
         principal = None
         if self.access is not None:
             try:
                 principal = await self.access.principal(request.headers)
             except Unauthenticated as exc:
                 ERRORS.labels("UNAUTHENTICATED").inc()
-                return unauthorized(exc, media)
+                return unauthorized(exc, media_for(media, 401))
         started = time.perf_counter()
         try:
             params = request.query_params if is_get else await self._params(request)
             if self.persisted is not None:  # a persisted query's document, by its hash
                 params = await self.persisted.resolve(params)
-            graphql_request = parse_params(params, self.settings.gateway_max_document_bytes)
+            graphql_request = parse_params(params, self.settings.gateway_max_document_bytes,
+                                           in_url=is_get)
         except BadRequest as exc:
             ERRORS.labels("BAD_REQUEST").inc()
             response = request_error(str(exc), media, exc.status)
@@ -194,21 +268,21 @@ class GraphQLHTTP:
         return response
 
     async def _params(self, request: Request) -> Mapping[str, Any]:
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type != JSON:
-            raise BadRequest(f"POST needs Content-Type {JSON}, not {content_type or 'none'}",
-                             status=415)
+        content_type = request.headers.get("content-type")
+        if not is_json_body(content_type):
+            raise BadRequest(f"POST needs Content-Type {JSON} (UTF-8), not "
+                             f"{content_type or 'none'}", status=415)
         try:
             body = await read_limited(request, self.settings.gateway_max_body_bytes,
                                       "gateway_max_body_bytes")
         except BodyTooLarge as exc:
             raise BadRequest(str(exc), status=413) from None
         except BadContentLength as exc:
-            raise BadRequest(str(exc)) from None
+            raise BadRequest(str(exc), status=400) from None
         try:
             params = orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise BadRequest("the body is not valid JSON") from None
+            raise BadRequest("the body is not valid JSON", status=400) from None
         if not isinstance(params, dict):
             raise BadRequest("the body must be a JSON object (batches are not supported)")
         return params
@@ -237,10 +311,16 @@ class GraphQLHTTP:
                                         self.settings.gateway_min_version_wait_ms)
         except QueryError as error:
             if error.extensions["code"] == "BAD_REQUEST":
-                return respond({"errors": [error.formatted]}, media, 400)
+                return respond({"errors": [error.formatted]}, media, 422)
             # The view stayed behind: execution was attempted and refused, data is null.
-            return respond({"data": None, "errors": [error.formatted]}, media)
+            return respond({"data": None, "errors": [error.formatted]}, media,
+                           partial_status(media))
 
+        if is_get and ("mutation" in req.query or "subscription" in req.query):
+            # GET is for queries (a safe method): refused before validation and execution.
+            kind = operation_type(req.query, req.operation_name)
+            if kind in ("mutation", "subscription"):
+                return _not_over_get(kind, media)
         allowed = {OperationType.QUERY} if is_get else {OperationType.QUERY,
                                                          OperationType.MUTATION}
         try:
@@ -250,19 +330,16 @@ class GraphQLHTTP:
                 operation_extensions=req.extensions)
         except InvalidOperationTypeError as exc:
             if is_get:
-                return Response(orjson.dumps({"errors": [{"message": (
-                    f"{exc.operation_type.value} operations are not allowed over GET; "
-                    "use POST")}]}), status_code=405, media_type=media,
-                    headers={"Allow": "POST"})
-            return request_error(f"{exc.operation_type.value} operations are not supported",
-                                 media, 400 if media == GRAPHQL_RESPONSE else 200)
+                return _not_over_get(exc.operation_type.value, media)
+            return request_error(f"{exc.operation_type.value} operations are not served over "
+                                 "HTTP; subscribe over a websocket at /graphql", media, 422)
         except CannotGetOperationTypeError as exc:
             name = req.operation_name
             message = (f"no operation named {name!r} in the document" if name else
                        f"cannot pick the operation to run: {exc}")
-            return request_error(message, media, 400 if media == GRAPHQL_RESPONSE else 200)
+            return request_error(message, media, 422)
         except MissingQueryError:
-            return request_error("the request has no query", media, 400)
+            return request_error("the request has no query", media, 422)
         return self._response(result, context, media, req,
                               principal is None or principal.admin)
 
@@ -279,9 +356,25 @@ class GraphQLHTTP:
         if errors:
             body["errors"] = [_error(e) for e in errors]
         if is_request_error:
-            return respond(body, media, 400 if media == GRAPHQL_RESPONSE else 200)
+            # A document that does not parse: 400; one that does not validate, variables
+            # that do not fit, a limit: 422.
+            syntax = any(isinstance(e, GraphQLSyntaxError) and limit_code(e) is None
+                         for e in errors)  # the token limit stops the parser: ours, 422
+            return respond(body, media, 400 if syntax else 422)
         body["data"] = result.data
         body["extensions"] = {"freshness": context.fresh.report()}
         if self.fast is not None and not errors and admin:  # plans serve the admin role
             self.fast.learn(req.query, req.operation_name)
-        return respond(body, media)
+        return respond(body, media, partial_status(media) if errors else 200)
+
+
+def partial_status(media: str) -> int:
+    """`data` with errors: 294 with `application/graphql-response+json`, 200 with
+    `application/json` (the spec recommends 294 only alongside its own media type)."""
+    return PARTIAL if media == GRAPHQL_RESPONSE else 200
+
+
+def _not_over_get(kind: str, media: str) -> Response:
+    """405 with `Allow` (RFC 9110): the operation is served over POST only."""
+    return request_error(f"{kind} operations are not allowed over GET; use POST", media, 405,
+                         "METHOD_NOT_ALLOWED", {"Allow": "POST"})

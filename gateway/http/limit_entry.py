@@ -18,7 +18,7 @@ import orjson
 from gateway.access.client_identity import CLIENT_SCOPE_KEY, client_key
 from gateway.access.client_limits import ClientCounts
 from gateway.access.rate_limit import LIMITED, RateLimiter
-from gateway.http.http import JSON, negotiate
+from gateway.http.http import JSON, media_for, negotiate
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -69,7 +69,7 @@ async def _too_many(scope: Scope, send: Send, wait_s: int) -> None:
     body = _error_body(f"too many requests from this client; retry in {wait_s} s "
                        "(gateway_rate_limit_per_s)", "RATE_LIMITED", retryAfter=wait_s)
     await send({"type": "http.response.start", "status": 429, "headers": [
-        (b"content-type", (negotiate(accept) or JSON).encode()),
+        (b"content-type", media_for(negotiate(accept) or JSON, 429).encode()),
         (b"content-length", str(len(body)).encode()),
         (b"retry-after", str(wait_s).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -1,6 +1,7 @@
 """The live dashboard at /dashboard: a page and its script bundle, built from dashboard/ by
-`viewgate setup` (urql and graphql-ws from the npm registry, bundled by esbuild). The page
-reads the gateway itself: live lists over websockets, freshness from the `views` query."""
+`viewgate setup` (Chart.js, urql and graphql-ws from the npm registry, bundled by esbuild).
+The page reads the gateway itself: live lists and the order feed over websockets (the feed's
+cursor kept in the browser's storage), freshness from the `views` query."""
 
 from __future__ import annotations
 

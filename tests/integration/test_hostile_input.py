@@ -250,35 +250,36 @@ def error_of(response: httpx.Response) -> dict:
 # --- HTTP attacks ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body", [
-    b'{"query": "{ views { name } }"',  # cut short
-    b"[1, 2, 3]",
-    b'"{ views { name } }"',
-    b"\xff\xfe\x00garbage",
-    b'{"query": "{ views { name } }", "variables": ' + b"[" * 5000 + b"]" * 5000 + b"}",
-    b'{"query": 42}',
-    b'{"query": "{ views { name } }", "variables": "not json"}',
-    b'{"query": "{ views { name } }", "operationName": ["A"]}',
+@pytest.mark.parametrize(("body", "status"), [
+    (b'{"query": "{ views { name } }"', 400),  # cut short: not JSON
+    (b"\xff\xfe\x00garbage", 400),
+    (b'{"query": "{ views { name } }", "variables": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
+    # JSON, but not a well-formed GraphQL-over-HTTP request: 422 (the spec's draft).
+    (b"[1, 2, 3]", 422),
+    (b'"{ views { name } }"', 422),
+    (b'{"query": 42}', 422),
+    (b'{"query": "{ views { name } }", "variables": "not json"}', 422),
+    (b'{"query": "{ views { name } }", "operationName": ["A"]}', 422),
 ])
-def test_malformed_json_bodies_get_400(gateway, bystander, body):
+def test_malformed_bodies_get_400_or_422(gateway, bystander, body, status):
     response = post(gateway, body)
-    assert response.status_code == 400, response.text
+    assert response.status_code == status, response.text
     assert error_of(response)["extensions"]["code"] == "BAD_REQUEST"
     bystander.check()
 
 
-@pytest.mark.parametrize("document", [
-    "{ customer(customerId: ",
-    "query {",
-    "}}}} {{{{",
-    "subscription { customerChanges { op } }" + " \u0000 ",
-    "{ customer(customerId: " + "[" * 2000 + "]" * 2000 + ") { name } }",
-    "{ noSuchField }",
+@pytest.mark.parametrize(("document", "status"), [
+    ("{ customer(customerId: ", 400),  # does not parse
+    ("query {", 400),
+    ("}}}} {{{{", 400),
+    ("subscription { customerChanges { op } }" + " \u0000 ", 400),
+    ("{ customer(customerId: " + "[" * 2000 + "]" * 2000 + ") { name } }", 400),  # nesting
+    ("{ noSuchField }", 422),  # does not validate
 ])
-def test_malformed_documents_get_graphql_errors(gateway, bystander, document):
+def test_malformed_documents_get_graphql_errors(gateway, bystander, document, status):
     response = post(gateway, orjson.dumps({"query": document}),
                     accept="application/graphql-response+json")
-    assert response.status_code == 400, response.text
+    assert response.status_code == status, response.text
     assert "data" not in response.json()
     error_of(response)
     bystander.check()
@@ -319,7 +320,9 @@ def test_a_chunked_body_without_length_is_cut_off_at_the_limit(gateway, bystande
 def test_huge_headers_are_refused(gateway, bystander):
     status, _, _ = raw_http(gateway.port, post_head(gateway.port, 2, f"X-Big: {'a' * 4 * MB}\r\n"),
                             [b"{}"])
-    assert status in (0, 400, 431), status  # refused, or the connection closed unanswered
+    # Refused, or the connection closed unanswered. uvicorn (httptools) passes a 4 MB header
+    # on: the app then refuses the body `{}` (no query: 422); a 431 is not sent yet.
+    assert status in (0, 400, 422, 431), status
     bystander.check()
 
 
@@ -372,7 +375,7 @@ def _bomb(levels: int, spreads: int) -> str:
 def test_expensive_documents_are_refused_naming_the_limit(gateway, bystander, document, code):
     response = post(gateway, orjson.dumps({"query": document}),
                     accept="application/graphql-response+json")
-    assert response.status_code == 400, response.text
+    assert response.status_code == 422, response.text
     assert error_of(response)["extensions"]["code"] == code, response.text
     bystander.check()
 
@@ -381,11 +384,11 @@ def test_circular_fragments_and_many_operations(gateway, bystander):
     cycle = ('{ customer(customerId: "C00001") { ...A } } '
              "fragment A on Customer { name ...B } fragment B on Customer { tier ...A }")
     response = post(gateway, orjson.dumps({"query": cycle}))
-    assert response.status_code == 400
+    assert response.status_code == 422
     assert "within itself" in error_of(response)["message"]
     many = " ".join(f"query Q{i} {{ views {{ name }} }}" for i in range(300))
     response = post(gateway, orjson.dumps({"query": many}))
-    assert response.status_code == 400, response.text  # which one to run? (Strawberry
+    assert response.status_code == 422, response.text  # which one to run? (Strawberry
     assert error_of(response)["extensions"]["code"] == "OPERATION_NAME_REQUIRED"  # ran Q0)
     response = post(gateway, orjson.dumps({"query": many, "operationName": "Q299"}))
     assert response.json()["data"]["views"], response.text

@@ -9,7 +9,14 @@ import pytest
 from graphql import parse
 
 from gateway.access.limits import query_cost
-from gateway.http.http import GRAPHQL_RESPONSE, JSON, negotiate
+from gateway.http.http import (
+    GRAPHQL_RESPONSE,
+    JSON,
+    is_json_body,
+    media_for,
+    negotiate,
+    operation_type,
+)
 from gateway.reads.filters import (
     Condition,
     Order,
@@ -179,8 +186,56 @@ def test_query_cost_multiplies_nested_page_sizes():
     (GRAPHQL_RESPONSE, GRAPHQL_RESPONSE),
     (f"{GRAPHQL_RESPONSE}, application/json;q=0.9", GRAPHQL_RESPONSE),
     (f"application/json, {GRAPHQL_RESPONSE};q=0.5", JSON),
-    ("*/*", GRAPHQL_RESPONSE),
+    ("*/*", JSON),  # what curl and older clients send: plain JSON
+    ("", JSON),
+    ("application/*", JSON),
+    (f"*/*, {GRAPHQL_RESPONSE}", GRAPHQL_RESPONSE),  # named beats a wildcard
+    (f"application/json, {GRAPHQL_RESPONSE}", GRAPHQL_RESPONSE),  # ours at equal quality
+    ("application/json;q=0.5, */*", GRAPHQL_RESPONSE),  # */* covers ours at q=1
+    ("application/json;q=0, */*", GRAPHQL_RESPONSE),
+    (f"{GRAPHQL_RESPONSE};q=0, */*", JSON),
+    ("APPLICATION/JSON; charset=utf-8", JSON),
     ("text/plain", None),
+    ("text/html;q=0.9, application/xml", None),
+    (f"{GRAPHQL_RESPONSE};q=0, application/json;q=0", None),
 ])
 def test_accept_negotiation(accept, media):
     assert negotiate(accept) == media
+
+
+@pytest.mark.parametrize(("media", "status", "header"), [
+    (JSON, 200, "application/json; charset=utf-8"),
+    (GRAPHQL_RESPONSE, 294, "application/graphql-response+json; charset=utf-8"),
+    # The watershed: a GraphQL response that is not a 2xx says what it is.
+    (JSON, 422, "application/graphql-response+json; charset=utf-8"),
+    (JSON, 405, "application/graphql-response+json; charset=utf-8"),
+])
+def test_the_content_type_of_an_answer(media, status, header):
+    assert media_for(media, status) == header
+
+
+@pytest.mark.parametrize(("content_type", "read"), [
+    ("application/json", True),
+    ("Application/JSON; charset=UTF-8", True),
+    ('application/json; charset="utf-8"', True),
+    ("application/json; charset=latin1", False),
+    ("text/plain", False),
+    ("application/x-www-form-urlencoded", False),
+    ("application/jsonx", False),
+    (None, False),
+    ("", False),
+])
+def test_which_post_bodies_are_read(content_type, read):
+    assert is_json_body(content_type) is read
+
+
+@pytest.mark.parametrize(("query", "name", "kind"), [
+    ("mutation { x }", None, "mutation"),
+    ("subscription S { a } query Q { b }", "S", "subscription"),
+    ("subscription S { a } query Q { b }", "Q", "query"),
+    ("subscription S { a } query Q { b }", None, None),  # ambiguous: validation says so
+    ("{ a }", None, "query"),
+    ("mutation {", None, None),  # does not parse
+])
+def test_the_operation_a_request_picks(query, name, kind):
+    assert operation_type(query, name) == kind

@@ -1,5 +1,6 @@
-"""Build the live dashboard (dashboard/: urql and graphql-ws from the npm registry, bundled
-by esbuild) that the gateway serves at /dashboard. Rebuilt only when its sources changed."""
+"""Build the live dashboard (dashboard/: Chart.js, urql and graphql-ws from the npm registry,
+bundled by esbuild) that the gateway serves at /dashboard. Rebuilt only when its sources
+changed."""
 
 from __future__ import annotations
 
