@@ -2,10 +2,11 @@
 `graphql-transport-ws` (graphql-ws, the current one) and the legacy `graphql-ws`
 (subscriptions-transport-ws), with keep-alive. Each connection's context carries its
 websocket (to close a slow client) and the `connection_init` payload, whose token picks
-the connection's role: its schema and row rules (gateway.access.access). A bad token closes a
+the connection's role: its schema and row rules (gateway.access.access); without one in the
+payload, the handshake's `Authorization` header counts. A bad token closes a
 `graphql-transport-ws` connection with 4403 and the reason; the legacy protocol answers
-`connection_error` with it. A connection sending messages faster than
-`gateway_ws_messages_per_s` (after its burst) is closed with 4029."""
+`connection_error` with it, then closes with 4403 and the reason too. A connection sending
+messages faster than `gateway_ws_messages_per_s` (after its burst) is closed with 4029."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
         if isinstance(payload, dict) and not self.connection_init_received \
                 and not self.connection_timed_out:
             # Strawberry closes a rejected connection with the bare reason "Forbidden".
-            reason = await self.view.rejection(payload)
+            reason = await self.view.rejection(payload, self.context)
             if reason is not None:
                 self.connection_init_received = True
                 if self.connection_init_timeout_task:
@@ -135,6 +136,20 @@ LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
 
 
 class LegacyWSHandler(MessageRate, BaseGraphQLWSHandler):
+    async def handle_connection_init(self, message: Any) -> None:
+        payload = message.get("payload")
+        if (payload is None or isinstance(payload, dict)) and not self.connection_acknowledged:
+            # Strawberry answers a rejection with `connection_error` and then closes with
+            # 1011 ("internal error"); refused credentials are the client's to fix: 4403, as
+            # graphql-transport-ws closes for them, with the reason.
+            reason = await self.view.rejection(payload or {}, self.context)
+            if reason is not None:
+                await self.send_message({"type": "connection_error",
+                                         "payload": {"message": reason}})
+                await self.websocket.close(code=4403, reason=close_reason(reason))
+                return
+        await super().handle_connection_init(message)
+
     async def handle_message(self, message: Any) -> None:
         if await self.over_budget():
             return
@@ -220,12 +235,13 @@ class GraphQLWebSocket(GraphQL):
     async def get_context(self, request: Any, response: Any) -> SubscriptionContext:
         return SubscriptionContext(websocket=response)
 
-    async def rejection(self, params: dict[str, Any]) -> str | None:
-        """Why a `connection_init` payload's credentials are refused; None: accepted."""
+    async def rejection(self, params: dict[str, Any], context: Any) -> str | None:
+        """Why a `connection_init` payload's credentials (else the handshake's) are
+        refused; None: accepted."""
         if self.access is None:
             return None
         try:
-            await self.access.auth.from_connection_params(params)
+            await self.access.auth.from_connection_params(params, _headers(context))
         except Unauthenticated as exc:
             return str(exc)
         return None
@@ -236,13 +252,18 @@ class GraphQLWebSocket(GraphQL):
         if self.access is not None:
             try:
                 principal = await self.access.auth.from_connection_params(
-                    context.connection_params)
+                    context.connection_params, _headers(context))
             except Unauthenticated as exc:
                 raise ConnectionRejectionError({"message": str(exc)}) from None
             context.scope = principal.scope
             context.share_scope = principal.share_scope
             context.schema = self.access.schema_for(principal)
         return await super().on_ws_connect(context)
+
+
+def _headers(context: Any) -> Any:
+    """The websocket handshake's headers (Starlette's, case-insensitive)."""
+    return getattr(getattr(context, "websocket", None), "headers", None)
 
 
 def close_reason(reason: str) -> str:
