@@ -10,7 +10,8 @@ messages faster than `gateway_ws_messages_per_s` (after its burst) is closed wit
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -28,6 +29,7 @@ from gateway.access.auth import Unauthenticated
 from gateway.access.rate_limit import LIMITED
 from gateway.ops.metrics import WEBSOCKETS
 from gateway.subscriptions.message_rate import MessageBudget
+from gateway.subscriptions.operation_starts import OperationStarts, enter, leave
 from gateway.subscriptions.subscriptions import SubscriptionContext
 from gateway.subscriptions.ws_admission import Admission
 from schema.settings import Settings
@@ -58,12 +60,41 @@ NOT_JSON = object()
 class MessageRate:
     """Both handlers: a connection sending past its budget
     (gateway.subscriptions.message_rate) is closed with 4029, and what it sent after that is
-    dropped unread."""
+    dropped unread. Each message first lets every other connection take its turn, and a
+    connection starts at most a few operations at once
+    (gateway.subscriptions.operation_starts): one connection's backlog of subscribes or pings
+    cannot hold the event loop from the others."""
 
     _budget: MessageBudget | None = None
     _over: bool = False
+    _starts: OperationStarts | None = None
+
+    @property
+    def starts(self) -> OperationStarts:
+        if self._starts is None:
+            self._starts = OperationStarts()
+        return self._starts
+
+    async def send_message(self, message: Any) -> None:
+        await super().send_message(message)  # type: ignore[misc]
+        op = message.get("id") if isinstance(message, dict) else None
+        if op is not None:  # an operation's first message settles its start
+            self.starts.settle(op)
+
+    async def start_operation(self, op: str, run: Callable[[], Awaitable[None]],
+                              task_of: Callable[[], asyncio.Task | None]) -> None:
+        """`run()` (the handler's own start of operation `op`) once the connection may
+        start one more; `task_of()` is the operation's task after it."""
+        start = await self.starts.begin(op)
+        token = enter(start)
+        try:
+            await run()
+        finally:
+            leave(token)
+            self.starts.settle_when_done(op, task_of())
 
     async def over_budget(self) -> bool:
+        await asyncio.sleep(0)  # the other connections' turn first
         if self._over:
             return True
         if self._budget is None:
@@ -121,6 +152,11 @@ class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
         if not self.connection_acknowledged or op in self.operations:
             await super().handle_subscribe(message)  # Strawberry closes the socket
             return
+        await self.start_operation(op, lambda: self._subscribe(message), lambda: (
+            operation.task if (operation := self.operations.get(op)) else None))
+
+    async def _subscribe(self, message: Any) -> None:
+        op = message["id"]
         error = await self.view.admission.admit(self.context, message.get("payload"))
         if error is not None:
             await self.send_message({"id": op, "type": "error", "payload": [error.formatted]})
@@ -182,6 +218,11 @@ class LegacyWSHandler(MessageRate, BaseGraphQLWSHandler):
             return
         if op in self.tasks:
             await self.cleanup_operation(op)  # a restarted id gives its subscription back
+        await self.start_operation(op, lambda: self._start(message),
+                                   lambda: self.tasks.get(op))
+
+    async def _start(self, message: Any) -> None:
+        op = message["id"]
         error = await self.view.admission.admit(self.context, message.get("payload"))
         if error is not None:
             await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
