@@ -76,6 +76,8 @@ class SubscriptionContext:
     # Also from the token: the role's schema and its row rules (None: admin, no rules).
     schema: Any = None
     scope: RowScope | None = None
+    # The request context of the message being executed (gateway.types.types.request_context).
+    message_context: Any = None
 
 
 def changefeed_name(vt: ViewTypes) -> str:
