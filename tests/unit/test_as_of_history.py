@@ -12,6 +12,7 @@ import time
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from test_delta_previous_rows import SCHEMA, _window
 
 from engine.sinks.delta_sink import DeltaSink
 from gateway.reads.delta_store import AsOf, DeltaStore
@@ -19,22 +20,12 @@ from gateway.reads.filters import QueryError
 from schema import demo
 from schema.storage import delta_app_id, delta_table_path
 
-SCHEMA = pa.schema([
-    ("product_id", pa.string()),
-    ("window_start", pa.timestamp("us", tz="UTC")),
-    ("window_end", pa.timestamp("us", tz="UTC")),
-    ("order_count", pa.int64()),
-    ("revenue", pa.float64()),
-])
 VIEW = demo.PRODUCT_SALES
 BATCHES = 6
 
 
 def _row(count: int) -> dict:
-    start = datetime.datetime(2024, 1, 1, 0, 0)
-    return {"product_id": "P1", "window_start": start,
-            "window_end": start + datetime.timedelta(minutes=1), "order_count": count,
-            "revenue": float(count)}
+    return {"product_id": "P1", **_window(0), "order_count": count, "revenue": float(count)}
 
 
 @pytest.fixture
