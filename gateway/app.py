@@ -15,6 +15,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
+from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
 from gateway.access.access import Access, unauthorized
@@ -27,10 +28,17 @@ from gateway.compiled.fastpath import FastPath
 from gateway.http.http import GraphQLHTTP
 from gateway.http.limit_entry import LimitEntry
 from gateway.ops.dashboard_page import dashboard_routes
+from gateway.ops.long_scalar import LONG_SCALARS
 from gateway.ops.metrics import SUBSCRIPTIONS, metrics_endpoint
 from gateway.ops.readiness import EndOffsets, readyz_endpoint
 from gateway.ops.startup_check import check_against_delta
-from gateway.ops.system import SystemStatus, ViewStatus, system_resolver, views_resolver
+from gateway.ops.system import (
+    PublicViewStatus,
+    SystemStatus,
+    ViewStatus,
+    system_resolver,
+    views_resolver,
+)
 from gateway.reads.reads import Reads
 from gateway.subscriptions.fanout import Fanout
 from gateway.subscriptions.shared_results import SharedResultsExecutor
@@ -62,15 +70,17 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
                  reads: Reads, fanout: Fanout | None = None,
                  admin: bool = True) -> tuple[strawberry.Schema, dict]:
     """The schema of `catalog` (a role's, see gateway.access.role_schemas); `system` (service
-    addresses) only for the admin role."""
+    addresses) and the engine's input in `views` (Kafka offsets, late and dead-lettered
+    events) only for the admin role."""
     types = build_view_types(catalog, reads, settings)
-    annotations: dict[str, object] = {"system": SystemStatus, "views": list[ViewStatus]}
+    annotations: dict[str, object] = {
+        "system": SystemStatus, "views": list[ViewStatus if admin else PublicViewStatus]}
     attrs: dict[str, object] = {
         "system": strawberry.field(
             resolver=system_resolver(settings, redis_client),
             description="Live status of the services the gateway depends on."),
         "views": strawberry.field(
-            resolver=views_resolver(catalog, redis_client),
+            resolver=views_resolver(catalog, redis_client, admin),
             description="Each view's last commit as the engine recorded it."),
     }
     if not admin:
@@ -90,6 +100,7 @@ def build_schema(settings: Settings, redis_client: aioredis.Redis, catalog: Cata
             "__annotations__": {name: annotation for name, (annotation, _) in fields.items()},
             **{name: field for name, (_, field) in fields.items()}}))
     schema = GatewaySchema(query=query, subscription=subscription,
+                           config=StrawberryConfig(scalar_map=LONG_SCALARS),
                            extensions=schema_extensions(settings),
                            execution_context_class=SharedResultsExecutor)
     return schema, types

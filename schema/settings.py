@@ -232,17 +232,20 @@ class Settings(BaseSettings):
         description="A header set by a trusted proxy naming the client's address (e.g. "
         "X-Forwarded-For; its last address counts); default: the connection's address.",
     )
+    # On by default: each keeps one client from taking the gateway from the others (a
+    # browser tab holds one websocket with a few subscriptions; the bench turns them off).
     gateway_max_websockets_per_client: int = Field(
-        0, description="Most open websocket connections per client in one gateway process; "
+        16, description="Most open websocket connections per client in one gateway process; "
         "0 is no limit."
     )
     gateway_max_subscriptions_per_client: int = Field(
-        0, description="Most subscriptions per client across its websocket connections, in "
+        200, description="Most subscriptions per client across its websocket connections, in "
         "one gateway process; 0 is no limit."
     )
     gateway_ws_messages_per_s: float = Field(
-        0.0, description="Messages per second one websocket connection may send after its "
-        "burst; past it the gateway closes the connection (code 4029). 0 turns it off."
+        20.0, description="Messages per second one websocket connection may send after its "
+        "burst (subscribes, completes, pings); past it the gateway closes the connection "
+        "(code 4029). 0 turns it off."
     )
     gateway_ws_messages_burst: int = Field(
         100, description="Messages a websocket connection may send at once before the rate "

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from gateway.access.auth import (
     ROLE_HEADER,
     Authenticator,
+    Forbidden,
     Principal,
     Unauthenticated,
     unauthorized_body,
@@ -66,7 +67,10 @@ class Access:
 
 
 def unauthorized(error: Unauthenticated, media: str) -> Response:
-    """401 with the reason as a GraphQL error and as the RFC 6750 challenge."""
+    """401 (403 for a role nothing grants) with the reason as a GraphQL error and as the
+    RFC 6750 challenge."""
     reason = str(error)
-    return Response(unauthorized_body(reason), status_code=401, media_type=media,
-                    headers={"WWW-Authenticate": www_authenticate(reason, error.token_given)})
+    challenge = www_authenticate(reason, error.token_given, "insufficient_scope"
+                                 if isinstance(error, Forbidden) else "invalid_token")
+    return Response(unauthorized_body(reason, error.code), status_code=error.status,
+                    media_type=media, headers={"WWW-Authenticate": challenge})

@@ -5,6 +5,9 @@ HTTP requests carry `Authorization: Bearer <token>`; websockets carry the token 
 The role comes from the claim `auth_role_claim`: one role, or a list of roles among which
 the `x-viewgate-role` header (or the `x-viewgate-role` payload entry) chooses, by default
 the first. A request without a token gets `auth_anonymous_role`, or 401 when none is set.
+A websocket's handshake may carry the `Authorization` header instead (server-side clients
+and proxies send it); a token in the `connection_init` payload wins over it. A role that is
+neither the admin role, nor granted by any view, nor the anonymous role gets 403 (Forbidden).
 """
 
 from __future__ import annotations
@@ -32,9 +35,19 @@ KNOWN_TOKENS = 10_000  # verified tokens remembered until their `exp`
 class Unauthenticated(Exception):
     """401: no acceptable credentials; `str(error)` is the reason."""
 
+    status = 401
+    code = "UNAUTHENTICATED"
+
     def __init__(self, reason: str, token_given: bool = True) -> None:
         super().__init__(reason)
         self.token_given = token_given
+
+
+class Forbidden(Unauthenticated):
+    """403: the credentials are good but name a role this gateway knows nothing of."""
+
+    status = 403
+    code = "FORBIDDEN"
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,10 @@ class Authenticator:
         self.admin_role = settings.auth_admin_role
         self.anonymous_role = settings.auth_anonymous_role or None  # "" is unset too
         self.role_claim = settings.auth_role_claim
+        self.known_roles = {g.role for view in catalog.views.values() for g in view.grants}
+        self.known_roles.add(self.admin_role)
+        if self.anonymous_role is not None:
+            self.known_roles.add(self.anonymous_role)
         # A client sends the same token with every request: its signature is checked once,
         # then the principal is reused until the token expires (bounded, oldest out).
         self._known: OrderedDict[tuple[str, str | None], tuple[Principal, float]] = \
@@ -70,6 +87,8 @@ class Authenticator:
     def principal_for(self, role: str, claims: Mapping[str, Any]) -> Principal:
         if role == self.admin_role:
             return Principal(role, claims, None)
+        if role not in self.known_roles:
+            raise Forbidden(f"role {role!r} may read nothing here: no view grants it")
         try:
             scope = build_scope(self.catalog, self.fields, role, claims)
         except ClaimError as exc:
@@ -118,16 +137,22 @@ class Authenticator:
                            role_header: str | None) -> Principal:
         return await self.from_token(bearer(authorization), role_header or None)
 
-    async def from_connection_params(self, params: Mapping[str, Any] | None) -> Principal:
+    async def from_connection_params(self, params: Mapping[str, Any] | None,
+                                     headers: Mapping[str, str] | None = None) -> Principal:
+        """A websocket's caller: the token of its `connection_init` payload, else the one
+        of its handshake's `Authorization` header (with that header's role choice)."""
         params = params or {}
         raw = next((params[k] for k in TOKEN_PARAMS if params.get(k) is not None), None)
         if raw is not None and not isinstance(raw, str):
             raise Unauthenticated("the token in connection_init must be a string")
-        # `authToken` is the bare token by convention; accept a "Bearer " prefix anyway.
-        token = bearer(raw) if raw and raw[:7].lower() == "bearer " else raw
         role = params.get(ROLE_HEADER)
         if role is not None and not isinstance(role, str):
             raise Unauthenticated(f"{ROLE_HEADER} in connection_init must be a string")
+        if not raw and headers is not None and headers.get("authorization"):
+            return await self.from_headers(headers.get("authorization"),
+                                           role or headers.get(ROLE_HEADER))
+        # `authToken` is the bare token by convention; accept a "Bearer " prefix anyway.
+        token = bearer(raw) if raw and raw[:7].lower() == "bearer " else raw
         return await self.from_token(token, role or None)
 
 
@@ -141,15 +166,16 @@ def bearer(authorization: str | None) -> str | None:
     return token.strip()
 
 
-def unauthorized_body(reason: str) -> bytes:
-    return orjson.dumps({"errors": [{"message": reason,
-                                     "extensions": {"code": "UNAUTHENTICATED"}}]})
+def unauthorized_body(reason: str, code: str = "UNAUTHENTICATED") -> bytes:
+    return orjson.dumps({"errors": [{"message": reason, "extensions": {"code": code}}]})
 
 
-def www_authenticate(reason: str, token_given: bool = True) -> str:
+def www_authenticate(reason: str, token_given: bool = True,
+                     error: str = "invalid_token") -> str:
     """The RFC 6750 challenge; the reason made safe for a quoted header value. Without
     a token there is no error code, only the challenge (RFC 6750, section 3.1)."""
     if not token_given:
         return 'Bearer realm="viewgate"'
     safe = "".join(c if 32 <= ord(c) < 127 and c not in '"\\' else "'" for c in reason)
-    return f'Bearer error="invalid_token", error_description="{safe}"'
+    return f'Bearer error="{error}", error_description="{safe}"'
+

@@ -237,8 +237,8 @@ class GraphQLHTTP:
             try:
                 principal = await self.access.principal(request.headers)
             except Unauthenticated as exc:
-                ERRORS.labels("UNAUTHENTICATED").inc()
-                return unauthorized(exc, media_for(media, 401))
+                ERRORS.labels(exc.code).inc()
+                return unauthorized(exc, media_for(media, exc.status))
         started = time.perf_counter()
         try:
             params = request.query_params if is_get else await self._params(request)
@@ -304,8 +304,9 @@ class GraphQLHTTP:
         context = RequestContext(self.reads, self.catalog,
                                  scope=principal.scope if principal is not None else None)
         try:
-            wanted = parse_min_versions((req.extensions or {}).get("minVersion"),
-                                        self.catalog.views)
+            readable = (self.catalog.views if principal is None or principal.scope is None
+                        else principal.scope.conditions)  # a role: the views granted to it
+            wanted = parse_min_versions((req.extensions or {}).get("minVersion"), readable)
             if wanted:
                 await wait_for_versions(self.reads.current_version, wanted,
                                         self.settings.gateway_min_version_wait_ms)

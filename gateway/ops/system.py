@@ -12,6 +12,7 @@ import strawberry
 import strawberry.scalars
 from confluent_kafka.admin import AdminClient
 
+from gateway.ops.long_scalar import Long
 from schema.catalog import Catalog
 from schema.settings import Settings
 from schema.storage import ViewMeta, meta_key
@@ -72,49 +73,60 @@ def system_resolver(settings: Settings, redis_client: aioredis.Redis):
     return system
 
 
-@strawberry.type
-class ViewStatus:
-    """What the engine last recorded for a view (its Redis meta), read live."""
+@strawberry.type(name="ViewStatus", description=(
+    "What the engine last recorded for a view (its Redis meta), read live."))
+class PublicViewStatus:
+    """A view's status as roles other than the admin role see it: how fresh it is, not
+    the engine's input (Kafka offsets, late and dead-lettered events of whole topics)."""
 
     name: str
     committed: bool
     version: int | None
     generation: int
-    committed_at_ms: int | None
-    since_commit_ms: int | None = strawberry.field(
+    committed_at_ms: Long | None = strawberry.field(
+        description="When the view's last commit happened, in epoch milliseconds (UTC).")
+    since_commit_ms: Long | None = strawberry.field(
         description="Milliseconds since the view's last commit, by the gateway's clock.")
     watermark: str | None
-    late_events: int
-    dead_letters: int
+
+
+@strawberry.type(description="What the engine last recorded for a view (its Redis meta), "
+                 "read live.")
+class ViewStatus(PublicViewStatus):
+    """The admin role's: also what the engine read of its sources."""
+
+    late_events: Long
+    dead_letters: Long
     kafka_offsets: strawberry.scalars.JSON
 
 
-def views_resolver(catalog: Catalog, redis_client: aioredis.Redis):
-    async def views() -> list[ViewStatus]:
+def views_resolver(catalog: Catalog, redis_client: aioredis.Redis, admin: bool = True):
+    """Each of the catalog's views (a role's catalog: the views granted to it); roles other
+    than the admin role get `PublicViewStatus`."""
+    async def views() -> list[PublicViewStatus]:
         async with redis_client.pipeline(transaction=False) as pipe:
             for name in catalog.views:
                 pipe.hgetall(meta_key(name))
             metas = await pipe.execute()
         now_ms = int(time.time() * 1000)
-        result = []
+        result: list[PublicViewStatus] = []
         for name, fields in zip(catalog.views, metas, strict=True):
             meta = ViewMeta.from_fields(fields)
             committed = meta.version >= 0
-            result.append(
-                ViewStatus(
-                    name=name,
-                    committed=committed,
-                    version=meta.version if committed else None,
-                    generation=meta.generation,
-                    committed_at_ms=meta.committed_at_ms or None,
-                    since_commit_ms=max(0, now_ms - meta.committed_at_ms)
-                    if meta.committed_at_ms else None,
-                    watermark=meta.watermark or None,
-                    late_events=meta.late_events,
-                    dead_letters=meta.dead_letters,
-                    kafka_offsets=meta.offsets,
-                )
+            status = dict(
+                name=name,
+                committed=committed,
+                version=meta.version if committed else None,
+                generation=meta.generation,
+                committed_at_ms=meta.committed_at_ms or None,
+                since_commit_ms=max(0, now_ms - meta.committed_at_ms)
+                if meta.committed_at_ms else None,
+                watermark=meta.watermark or None,
             )
+            result.append(ViewStatus(**status, late_events=meta.late_events,
+                                     dead_letters=meta.dead_letters,
+                                     kafka_offsets=meta.offsets) if admin
+                          else PublicViewStatus(**status))
         return result
 
     return views

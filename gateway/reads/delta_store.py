@@ -75,46 +75,61 @@ class DeltaStore:
                              f"created it", "VIEW_NOT_READY", view=view) from None
         return table, generation
 
-    def _at(self, view: str, as_of: AsOf) -> tuple[DeltaTable, int]:
-        generation = self.generation(view)
-        path = delta_table_path(self.delta_root, view, generation)
+    def _at(self, view: View, as_of: AsOf) -> tuple[DeltaTable, int]:
+        """The view's table loaded at `as_of`. A point older than what the table still
+        holds (maintenance removes log entries and files older than the view's `history`)
+        is BAD_AS_OF naming that setting (beyond_history)."""
+        name = view.name
+        generation = self.generation(name)
+        path = delta_table_path(self.delta_root, name, generation)
         try:
             table = DeltaTable(path)
+        except TableNotFoundError:
+            raise QueryError(f"view {name} has no Delta table yet", "VIEW_NOT_READY",
+                             view=name) from None
+        try:
             if as_of.delta_version is not None:
                 if not 0 <= as_of.delta_version <= table.version():
                     raise QueryError(
-                        f"{view} has Delta versions 0 to {table.version()}, not "
-                        f"{as_of.delta_version}", "BAD_AS_OF", view=view)
+                        f"{name} has Delta versions 0 to {table.version()}, not "
+                        f"{as_of.delta_version}", "BAD_AS_OF", view=name)
                 table.load_as_version(as_of.delta_version)
             elif as_of.timestamp is not None:
+                # delta-rs loads the oldest version it still has for an earlier time.
+                oldest = min(table.history(), key=lambda c: c["version"])
+                if oldest["version"] > 0 and _millis(as_of.timestamp) < int(
+                        oldest.get("timestamp") or 0):
+                    raise beyond_history(view, as_of)
                 table.load_as_version(as_of.timestamp)
             else:
                 assert as_of.version is not None
                 table.load_as_version(self._delta_version_of_batch(view, table, as_of.version))
-        except TableNotFoundError:
-            raise QueryError(f"view {view} has no Delta table yet", "VIEW_NOT_READY",
-                             view=view) from None
-        except DeltaError as exc:
-            raise QueryError(f"{view} has no Delta version as of {_describe(as_of)}: {exc}",
-                             "BAD_AS_OF", view=view) from None
+        except DeltaError:  # its log entries are gone ("No files in log segment")
+            raise beyond_history(view, as_of) from None
         return table, generation
 
-    def _delta_version_of_batch(self, view: str, table: DeltaTable, batch: int) -> int:
+    def _delta_version_of_batch(self, view: View, table: DeltaTable, batch: int) -> int:
         """The last Delta version holding batches up to `batch` (the engine records the
         batch id in each commit's userMetadata)."""
-        best, newest = None, -1
+        best, newest, oldest = None, -1, None
         for commit in table.history():
+            oldest = commit["version"] if oldest is None else min(oldest, commit["version"])
             batch_id = commit_batch_id(commit)
             if batch_id is None:
                 continue
             newest = max(newest, batch_id)
             if batch_id <= batch and (best is None or commit["version"] > best):
                 best = commit["version"]
-        if batch > newest or best is None:
+        if batch > newest:
             raise QueryError(
-                f"{view} has no version {batch} in Delta: it holds versions up to {newest} "
-                "(the newest versions reach Delta moments after Redis)", "BAD_AS_OF",
-                view=view, newest=newest)
+                f"{view.name} has no version {batch} in Delta: it holds versions up to "
+                f"{newest} (the newest versions reach Delta moments after Redis)", "BAD_AS_OF",
+                view=view.name, newest=newest)
+        if best is None:
+            if oldest:  # the log no longer starts at Delta version 0: older ones were removed
+                raise beyond_history(view, AsOf(version=batch))
+            raise QueryError(f"{view.name} has no version {batch}: it was created later",
+                             "BAD_AS_OF", view=view.name)
         return best
 
     def _snapshot(self, view: str, table: DeltaTable, generation: int) -> Snapshot:
@@ -131,7 +146,7 @@ class DeltaStore:
         """Rows meeting `conditions` (the caller re-checks them exactly), or with the
         given keys; at `as_of` or the latest version."""
         with self._lock:  # one DeltaTable object per table, shared: update it alone
-            table, generation = (self._at(view.name, as_of) if as_of is not None
+            table, generation = (self._at(view, as_of) if as_of is not None
                                  else self._latest(view.name))
             snapshot = self._snapshot(view.name, table, generation)
             dataset = table.to_pyarrow_dataset()
@@ -143,7 +158,12 @@ class DeltaStore:
         # Filtered after the scan, not pushed into it: the engine's MERGEs run in delta-rs,
         # which writes strings as string_view, and pyarrow's filter kernels cannot compare
         # those within a scan (delta-io/delta-rs#4579); the scan casts them to string.
-        data = dataset.to_table()
+        try:
+            data = dataset.to_table()
+        except FileNotFoundError:
+            if as_of is None:
+                raise
+            raise beyond_history(view, as_of) from None  # an old version's files vacuumed
         if expression is not None:
             data = data.filter(expression)
         rows = [orjson.loads(encode_row(r)) for r in data.to_pylist()]
@@ -151,6 +171,20 @@ class DeltaStore:
             wanted = set(keys)
             rows = [r for r in rows if key_of(r, view.key) in wanted]
         return rows, snapshot
+
+
+def beyond_history(view: View, as_of: AsOf) -> QueryError:
+    return QueryError(
+        f"{view.name} keeps {view.history} of history (the view's `history` setting): "
+        f"{_describe(as_of)} is older than the oldest version its Delta table still holds. "
+        f"To reach further back, declare a longer history on the view "
+        f"(View(..., history=\"7 days\")); what is already gone stays gone",
+        "BAD_AS_OF", view=view.name, history=view.history)
+
+
+def _millis(moment: datetime.datetime) -> float:
+    """Epoch milliseconds of a time (one without a zone is UTC)."""
+    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)).timestamp() * 1000
 
 
 def _describe(as_of: AsOf) -> str:

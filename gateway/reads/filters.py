@@ -223,7 +223,7 @@ def decode_cursor(text: str, order: Order, fields: Mapping[str, FieldInfo]) -> t
             raise ValueError("cursor of another order")
     except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
         raise QueryError(
-            f"invalid cursor {text!r}: use a cursor this list returned with the same orderBy",
+            "invalid cursor: use a cursor this list returned with the same orderBy",
             "BAD_CURSOR") from None
     return (value if isinstance(value, str) else float(value)), key
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,8 +66,10 @@ def _entry(seen: Seen, now_ms: int) -> dict[str, Any]:
     return entry
 
 
-def parse_min_versions(raw: Any, views: Mapping[str, Any]) -> dict[str, int]:
-    """The request's `extensions.minVersion`: {"Order": 42, ...}."""
+def parse_min_versions(raw: Any, views: Collection[str]) -> dict[str, int]:
+    """The request's `extensions.minVersion`: {"Order": 42, ...}. `views` are the views the
+    caller may read: any other name, one that exists but is not granted to the caller's role
+    included, is an unknown view, with the same answer as a name no view has."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -77,7 +79,7 @@ def parse_min_versions(raw: Any, views: Mapping[str, Any]) -> dict[str, int]:
     for view, version in raw.items():
         if view not in views:
             raise QueryError(f"extensions.minVersion names unknown view {view!r}; views: "
-                             f"{', '.join(sorted(views))}", "BAD_REQUEST")
+                             f"{', '.join(sorted(views)) or 'none'}", "BAD_REQUEST")
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise QueryError(f"extensions.minVersion.{view} must be a non-negative integer",
                              "BAD_REQUEST")
@@ -107,7 +109,7 @@ async def wait_for_versions(current: Callable[[str], Awaitable[int | None]],
             text = "; ".join(
                 f"view {b['view']} is at version {b['version']}, {b['behind']} behind the "
                 f"requested {b['requested']}" for b in behind)
-            raise QueryError(f"{text} (waited {timeout_ms} ms, gateway_min_version_wait_ms)",
+            raise QueryError(f"{text} (waited {timeout_ms} ms)",
                              "VIEW_BEHIND", views=behind)
         await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, 0.05)

@@ -14,6 +14,7 @@ import orjson
 
 from gateway.reads.filters import QueryError
 
+INVALID = "invalid cursor: pass the `cursor` of a message of this subscription"
 CURSOR_PREFIX = "vgc1."  # tells a feed cursor from a list cursor, and versions the format
 
 
@@ -40,8 +41,7 @@ def decode_feed_cursor(text: str, view: str) -> FeedCursor:
         if not (isinstance(name, str) and type(generation) is int and type(offset) is int):
             raise ValueError("malformed")
     except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
-        raise QueryError(f"invalid cursor {text!r}: pass the `cursor` of a message of this "
-                         "subscription", "BAD_CURSOR") from None
-    if name != view:
-        raise QueryError(f"the cursor belongs to view {name}, not {view}", "BAD_CURSOR")
+        raise QueryError(INVALID, "BAD_CURSOR") from None
+    if name != view:  # the same answer: the error names no view, nor repeats the cursor
+        raise QueryError(INVALID, "BAD_CURSOR")
     return FeedCursor(name, generation, offset)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import orjson
 
 from gateway.reads.filters import Condition, matches
+from gateway.subscriptions.operation_starts import settle_current
 from schema.catalog import FieldInfo
 from schema.storage import ChangeEvent
 
@@ -87,6 +88,7 @@ class Subscriber:
         while not self.queue:
             if self.failure is not None:
                 raise self.failure
+            settle_current()  # waiting for live changes: this subscription has started
             self.wakeup.clear()
             await self.wakeup.wait()
         return self.queue.popleft()

@@ -23,6 +23,7 @@ import strawberry
 from strawberry.dataloader import DataLoader
 
 from gateway.access.row_rules import RowScope, allows, scoped, seen_change
+from gateway.ops.long_scalar import Long
 from gateway.ops.metrics import SLOW_CLIENTS
 from gateway.reads.filters import Condition, QueryError
 from gateway.reads.freshness import Freshness
@@ -75,6 +76,8 @@ class SubscriptionContext:
     # Also from the token: the role's schema and its row rules (None: admin, no rules).
     schema: Any = None
     scope: RowScope | None = None
+    # The request context of the message being executed (gateway.types.types.request_context).
+    message_context: Any = None
 
 
 def changefeed_name(vt: ViewTypes) -> str:
@@ -85,10 +88,11 @@ def change_type(vt: ViewTypes) -> type:
     name = vt.view.name
     return strawberry.type(type(f"{name}Change", (), {"__annotations__": {
         "op": ChangeOp, "key": str, "version": int | None, "cursor": str | None,
-        "row": vt.object | None, "before": vt.object | None, "committed_at_ms": int | None,
+        "row": vt.object | None, "before": vt.object | None, "committed_at_ms": Long | None,
     }}), description=(
         f"A change of one {name} row. `row` is the new value (null once deleted), `before` "
-        f"the previous one; `cursor` resumes after this message (`after: cursor`)."))
+        f"the previous one; `cursor` resumes after this message (`after: cursor`); "
+        f"`committedAtMs` is when the engine committed it, in epoch milliseconds (UTC)."))
 
 
 class Subscriptions:

@@ -2,14 +2,16 @@
 `graphql-transport-ws` (graphql-ws, the current one) and the legacy `graphql-ws`
 (subscriptions-transport-ws), with keep-alive. Each connection's context carries its
 websocket (to close a slow client) and the `connection_init` payload, whose token picks
-the connection's role: its schema and row rules (gateway.access.access). A bad token closes a
+the connection's role: its schema and row rules (gateway.access.access); without one in the
+payload, the handshake's `Authorization` header counts. A bad token closes a
 `graphql-transport-ws` connection with 4403 and the reason; the legacy protocol answers
-`connection_error` with it. A connection sending messages faster than
-`gateway_ws_messages_per_s` (after its burst) is closed with 4029."""
+`connection_error` with it, then closes with 4403 and the reason too. A connection sending
+messages faster than `gateway_ws_messages_per_s` (after its burst) is closed with 4029."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -27,6 +29,7 @@ from gateway.access.auth import Unauthenticated
 from gateway.access.rate_limit import LIMITED
 from gateway.ops.metrics import WEBSOCKETS
 from gateway.subscriptions.message_rate import MessageBudget
+from gateway.subscriptions.operation_starts import OperationStarts, enter, leave
 from gateway.subscriptions.subscriptions import SubscriptionContext
 from gateway.subscriptions.ws_admission import Admission
 from schema.settings import Settings
@@ -57,12 +60,41 @@ NOT_JSON = object()
 class MessageRate:
     """Both handlers: a connection sending past its budget
     (gateway.subscriptions.message_rate) is closed with 4029, and what it sent after that is
-    dropped unread."""
+    dropped unread. Each message first lets every other connection take its turn, and a
+    connection starts at most a few operations at once
+    (gateway.subscriptions.operation_starts): one connection's backlog of subscribes or pings
+    cannot hold the event loop from the others."""
 
     _budget: MessageBudget | None = None
     _over: bool = False
+    _starts: OperationStarts | None = None
+
+    @property
+    def starts(self) -> OperationStarts:
+        if self._starts is None:
+            self._starts = OperationStarts()
+        return self._starts
+
+    async def send_message(self, message: Any) -> None:
+        await super().send_message(message)  # type: ignore[misc]
+        op = message.get("id") if isinstance(message, dict) else None
+        if op is not None:  # an operation's first message settles its start
+            self.starts.settle(op)
+
+    async def start_operation(self, op: str, run: Callable[[], Awaitable[None]],
+                              task_of: Callable[[], asyncio.Task | None]) -> None:
+        """`run()` (the handler's own start of operation `op`) once the connection may
+        start one more; `task_of()` is the operation's task after it."""
+        start = await self.starts.begin(op)
+        token = enter(start)
+        try:
+            await run()
+        finally:
+            leave(token)
+            self.starts.settle_when_done(op, task_of())
 
     async def over_budget(self) -> bool:
+        await asyncio.sleep(0)  # the other connections' turn first
         if self._over:
             return True
         if self._budget is None:
@@ -91,7 +123,7 @@ class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
         if isinstance(payload, dict) and not self.connection_init_received \
                 and not self.connection_timed_out:
             # Strawberry closes a rejected connection with the bare reason "Forbidden".
-            reason = await self.view.rejection(payload)
+            reason = await self.view.rejection(payload, self.context)
             if reason is not None:
                 self.connection_init_received = True
                 if self.connection_init_timeout_task:
@@ -120,6 +152,11 @@ class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
         if not self.connection_acknowledged or op in self.operations:
             await super().handle_subscribe(message)  # Strawberry closes the socket
             return
+        await self.start_operation(op, lambda: self._subscribe(message), lambda: (
+            operation.task if (operation := self.operations.get(op)) else None))
+
+    async def _subscribe(self, message: Any) -> None:
+        op = message["id"]
         error = await self.view.admission.admit(self.context, message.get("payload"))
         if error is not None:
             await self.send_message({"id": op, "type": "error", "payload": [error.formatted]})
@@ -135,6 +172,20 @@ LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
 
 
 class LegacyWSHandler(MessageRate, BaseGraphQLWSHandler):
+    async def handle_connection_init(self, message: Any) -> None:
+        payload = message.get("payload")
+        if (payload is None or isinstance(payload, dict)) and not self.connection_acknowledged:
+            # Strawberry answers a rejection with `connection_error` and then closes with
+            # 1011 ("internal error"); refused credentials are the client's to fix: 4403, as
+            # graphql-transport-ws closes for them, with the reason.
+            reason = await self.view.rejection(payload or {}, self.context)
+            if reason is not None:
+                await self.send_message({"type": "connection_error",
+                                         "payload": {"message": reason}})
+                await self.websocket.close(code=4403, reason=close_reason(reason))
+                return
+        await super().handle_connection_init(message)
+
     async def handle_message(self, message: Any) -> None:
         if await self.over_budget():
             return
@@ -167,6 +218,11 @@ class LegacyWSHandler(MessageRate, BaseGraphQLWSHandler):
             return
         if op in self.tasks:
             await self.cleanup_operation(op)  # a restarted id gives its subscription back
+        await self.start_operation(op, lambda: self._start(message),
+                                   lambda: self.tasks.get(op))
+
+    async def _start(self, message: Any) -> None:
+        op = message["id"]
         error = await self.view.admission.admit(self.context, message.get("payload"))
         if error is not None:
             await self.send_message({"type": "error", "id": op,  # type: ignore[typeddict-item]
@@ -220,12 +276,13 @@ class GraphQLWebSocket(GraphQL):
     async def get_context(self, request: Any, response: Any) -> SubscriptionContext:
         return SubscriptionContext(websocket=response)
 
-    async def rejection(self, params: dict[str, Any]) -> str | None:
-        """Why a `connection_init` payload's credentials are refused; None: accepted."""
+    async def rejection(self, params: dict[str, Any], context: Any) -> str | None:
+        """Why a `connection_init` payload's credentials (else the handshake's) are
+        refused; None: accepted."""
         if self.access is None:
             return None
         try:
-            await self.access.auth.from_connection_params(params)
+            await self.access.auth.from_connection_params(params, _headers(context))
         except Unauthenticated as exc:
             return str(exc)
         return None
@@ -236,13 +293,18 @@ class GraphQLWebSocket(GraphQL):
         if self.access is not None:
             try:
                 principal = await self.access.auth.from_connection_params(
-                    context.connection_params)
+                    context.connection_params, _headers(context))
             except Unauthenticated as exc:
                 raise ConnectionRejectionError({"message": str(exc)}) from None
             context.scope = principal.scope
             context.share_scope = principal.share_scope
             context.schema = self.access.schema_for(principal)
         return await super().on_ws_connect(context)
+
+
+def _headers(context: Any) -> Any:
+    """The websocket handshake's headers (Starlette's, case-insensitive)."""
+    return getattr(getattr(context, "websocket", None), "headers", None)
 
 
 def close_reason(reason: str) -> str:

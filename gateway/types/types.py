@@ -130,6 +130,22 @@ class RequestContext:
         return loader
 
 
+def request_context(info: strawberry.Info, reads: Reads, catalog: Catalog) -> RequestContext:
+    """The request's context. A subscription message is executed with its websocket
+    connection's context instead: then one made for that message (cached on the connection
+    while the same message executes), so relationships in it read in batches and with the
+    subscriber's row rules."""
+    ctx = info.context
+    if isinstance(ctx, RequestContext):
+        return ctx
+    cached = getattr(ctx, "message_context", None)
+    if cached is not None and cached[0] is info.root_value:
+        return cached[1]
+    made = RequestContext(reads, catalog, scope=getattr(ctx, "scope", None))
+    ctx.message_context = (info.root_value, made)
+    return made
+
+
 # --- Per-view types --------------------------------------------------------------------------
 
 
@@ -174,7 +190,8 @@ def build_view_types(catalog: Catalog, reads: Reads, settings: Any) -> dict[str,
         original = view.graphql_type.__strawberry_definition__  # type: ignore[attr-defined]
         attrs: dict[str, Any] = {"__annotations__": {}}
         for rel in view.relationships:
-            attrs[rel.name] = _relationship_field(catalog, view, rel, namespace, out, settings)
+            attrs[rel.name] = _relationship_field(catalog, view, rel, namespace, out, settings,
+                                                  reads)
         obj = strawberry.type(type(view.name, (view.graphql_type,), attrs), name=view.name,
                               description=original.description)
         # Strawberry swaps a field's annotation namespace for the class's module; point the
@@ -212,7 +229,7 @@ def build_view_types(catalog: Catalog, reads: Reads, settings: Any) -> dict[str,
 
 def _relationship_field(catalog: Catalog, view: View, rel: Relationship,
                         namespace: dict[str, Any], types: dict[str, ViewTypes],
-                        settings: Any) -> Any:
+                        settings: Any, reads: Reads) -> Any:
     target = catalog.view(rel.target)
     theirs = [t for _, t in rel.on]
     by_key = set(theirs) == set(target.key)
@@ -222,7 +239,7 @@ def _relationship_field(catalog: Catalog, view: View, rel: Relationship,
         values = {t: getattr(root, mine) for mine, t in rel.on}
         if any(v is None for v in values.values()):
             return []
-        ctx: RequestContext = info.context
+        ctx = request_context(info, reads, catalog)
         if by_key:
             row = await ctx.rows_loader(target).load(key_of(values, target.key))
             return [row] if allows(ctx.scope, target.name, row) else []

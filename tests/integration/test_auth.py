@@ -550,3 +550,112 @@ def test_subscriptions_never_send_rows_the_subscriber_may_not_see(gateway, shop)
         for client in (admin, me, them):
             await client.close()
     asyncio.run(scenario())
+
+
+# --- what a role learns about views it may not read: nothing ---------------------------------
+
+
+def _answer(client: TestClient, headers: dict, min_version: dict) -> tuple[int, str]:
+    response = client.post("/graphql", headers={"Accept": "application/json", **headers},
+                           json={"query": "{ __typename }",
+                                 "extensions": {"minVersion": min_version}})
+    return response.status_code, response.text
+
+
+def test_min_version_answers_a_view_not_granted_as_one_that_does_not_exist(client, shop):
+    mine, _ = two_customers(shop)
+    me = customer_headers(mine)
+    # ProductSales exists (the admin waits on it) but is not granted to customers.
+    assert _answer(client, auth(token("admin")), {"ProductSales": 0})[0] == 200
+    for version in (1, 999_999_999):
+        status, text = _answer(client, me, {"ProductSales": version})
+        assert status == 400, text
+        unknown = _answer(client, me, {"NoSuchView": version})
+        assert (status, text.replace("ProductSales", "NoSuchView")) == unknown
+        assert "VIEW_BEHIND" not in text and "ProductSales" not in text.replace(
+            "'ProductSales'", "")
+    # The list of views in the answer is the caller's own.
+    error = json.loads(_answer(client, me, {"NoSuchView": 1})[1])["errors"][0]["message"]
+    assert error.endswith("views: Customer, CustomerStats, Order"), error
+    # A view the customer reads: VIEW_BEHIND names no setting.
+    behind = json.loads(_answer(client, me, {"Order": 999_999_999})[1])
+    assert behind["errors"][0]["extensions"]["code"] == "VIEW_BEHIND"
+    assert "gateway_" not in behind["errors"][0]["message"], behind
+
+
+def test_views_shows_a_role_only_its_views_and_not_the_engines_input(client, shop):
+    mine, _ = two_customers(shop)
+    me, admin = customer_headers(mine), auth(token("admin"))
+    mine_views = data(client, "{ views { name version committedAtMs sinceCommitMs } }",
+                      me)["views"]
+    assert {v["name"] for v in mine_views} == {"Customer", "CustomerStats", "Order"}
+    assert all(v["committedAtMs"] > 1_600_000_000_000 for v in mine_views), mine_views
+    for hidden in ("kafkaOffsets", "lateEvents", "deadLetters"):
+        errors = post(client, f"{{ views {{ {hidden} }} }}", me)["errors"]
+        assert f"Cannot query field '{hidden}'" in errors[0]["message"], errors
+    everything = data(client, "{ views { name kafkaOffsets lateEvents deadLetters "
+                      "committedAtMs } }", admin)["views"]
+    assert "ProductSales" in {v["name"] for v in everything}
+    assert all(v["kafkaOffsets"] for v in everything), everything
+
+
+def test_a_role_nothing_grants_gets_403_with_the_reason(client, shop):
+    stranger = auth(token("stranger"))
+    for response in (client.post("/graphql", json={"query": "{ __typename }"},
+                                 headers=stranger),
+                     client.get("/schema.graphql", headers=stranger)):
+        assert response.status_code == 403, response.text
+        error = response.json()["errors"][0]
+        assert error["extensions"]["code"] == "FORBIDDEN"
+        assert "role 'stranger'" in error["message"] and "no view grants it" in error["message"]
+        assert 'error="insufficient_scope"' in response.headers["www-authenticate"]
+
+
+def test_a_bad_list_cursor_is_not_repeated_in_the_error(client, shop):
+    cursor = "bm90LWEtY3Vyc29yLXNlY3JldA"
+    body = post(client, f'{{ orders(first: 1, after: "{cursor}") {{ totalCount }} }}',
+                auth(token("admin")))
+    error = body["errors"][0]
+    assert error["extensions"]["code"] == "BAD_CURSOR" and cursor not in error["message"]
+    assert error["message"].startswith("invalid cursor"), error
+
+
+def test_websocket_refusals_on_both_protocols_and_the_handshake_header(gateway, shop):
+    mine, _ = two_customers(shop)
+    header = {"Authorization": f"Bearer {token('customer', customer_id=mine)}"}
+    stranger = {"authToken": token("stranger")}
+    whoami = "subscription { productSalesList(first: 1) { totalCount } }"
+
+    async def scenario() -> None:
+        # A role nothing grants: 4403 with the reason on both protocols (not 1011).
+        code, reason = await _closed_with(gateway.url, stranger)
+        assert code == 4403 and "no view grants it" in reason, (code, reason)
+        async with connect(gateway.url, subprotocols=["graphql-ws"]) as ws:
+            await ws.send(json.dumps({"type": "connection_init", "payload": {}}))
+            message = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+            assert message["type"] == "connection_error", message
+            assert "authentication required" in message["payload"]["message"]
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), TIMEOUT_S)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 4403, closed.value.rcvd
+            assert "authentication required" in closed.value.rcvd.reason
+        # The handshake's Authorization header counts when the payload has no token...
+        for protocol in (TransportWS, LegacyWS):
+            client = await protocol.open(gateway.url, {}, additional_headers=header)
+            op = await client.subscribe(
+                "subscription($id: String!) { customer(customerId: $id) { op } }",
+                {"id": mine})
+            assert (await client.next(op))["customer"]["op"] == "CURRENT"
+            # ...as the customer: what customers may not read is not there.
+            refused = await client.subscribe(whoami)
+            error = await client.receive()
+            assert error["id"] == refused and error["type"] == "error", error
+            await client.close()
+        # The payload's token wins over the header's: here the admin's.
+        admin = await TransportWS.open(gateway.url, {"authToken": token("admin")},
+                                       additional_headers=header)
+        op = await admin.subscribe(whoami)
+        assert (await admin.next(op))["productSalesList"]["totalCount"] >= 0
+        await admin.close()
+    asyncio.run(scenario())

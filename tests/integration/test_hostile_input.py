@@ -60,7 +60,12 @@ def shop(spark, settings, tmp_path_factory) -> Shop:
 
 @pytest.fixture(scope="module")
 def gateway(shop: Shop, tmp_path_factory, request) -> GatewayServer:
-    server = GatewayServer(shop.settings, tmp_path_factory.mktemp("hostile-logs"), PREFIX)
+    # Per-client limits off: the attacks here meet the limits behind them (per connection,
+    # per request); test_fairness.py floods a gateway on the default per-client limits.
+    server = GatewayServer(shop.settings, tmp_path_factory.mktemp("hostile-logs"), PREFIX,
+                           VIEWGATE_GATEWAY_MAX_WEBSOCKETS_PER_CLIENT="0",
+                           VIEWGATE_GATEWAY_MAX_SUBSCRIPTIONS_PER_CLIENT="0",
+                           VIEWGATE_GATEWAY_WS_MESSAGES_PER_S="0")
     request.addfinalizer(server.stop)
     return server.start()
 

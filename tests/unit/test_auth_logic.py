@@ -12,7 +12,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
 
-from gateway.access.auth import Authenticator, Unauthenticated, bearer, www_authenticate
+from gateway.access.auth import (
+    Authenticator,
+    Forbidden,
+    Unauthenticated,
+    bearer,
+    www_authenticate,
+)
 from gateway.access.role_schemas import restrict_catalog
 from gateway.access.row_rules import build_scope, seen_change
 from gateway.access.tokens import TokenError, TokenVerifier
@@ -151,6 +157,28 @@ def test_websocket_payload_accepts_the_three_usual_token_entries():
         assert got.share_scope == ("customer", (("customer_id", "17"),))
     with pytest.raises(Unauthenticated, match="must be a string"):
         asyncio.run(auth.from_connection_params({"authToken": 5}))
+
+
+def test_a_role_nothing_grants_is_forbidden_and_a_configured_one_is_not():
+    with pytest.raises(Forbidden, match="role 'stranger' may read nothing here") as refused:
+        principal(authenticator(), {"role": "stranger"})
+    assert refused.value.status == 403 and refused.value.code == "FORBIDDEN"
+    # The anonymous role counts as known, even when no view grants it.
+    guest = authenticator(auth_anonymous_role="guest")
+    assert principal(guest, None).role == "guest"
+    assert principal(guest, {"role": "guest"}).scope.conditions == {}
+
+
+def test_websocket_handshake_header_counts_and_the_payload_wins():
+    auth = authenticator()
+    customer = hs256({"role": "customer", "customer_id": "C1"})
+    analyst = hs256({"role": "analyst"})
+    headers = {"authorization": f"Bearer {customer}"}
+    assert asyncio.run(auth.from_connection_params({}, headers)).role == "customer"
+    assert asyncio.run(auth.from_connection_params({"authToken": analyst},
+                                                   headers)).role == "analyst"
+    with pytest.raises(Unauthenticated, match="authentication required"):
+        asyncio.run(auth.from_connection_params({}, {}))
 
 
 def test_scope_filters_rows_and_changes():
