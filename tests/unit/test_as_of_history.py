@@ -7,7 +7,6 @@ A real Delta table, written by the engine's sink and cleaned with delta-rs."""
 from __future__ import annotations
 
 import datetime
-import time
 
 import pyarrow as pa
 import pytest
@@ -19,6 +18,7 @@ from gateway.reads.delta_store import AsOf, DeltaStore
 from gateway.reads.filters import QueryError
 from schema import demo
 from schema.storage import delta_app_id, delta_table_path
+from viewgate.stack.process import wait_until
 
 VIEW = demo.PRODUCT_SALES
 BATCHES = 6
@@ -38,7 +38,10 @@ def cleaned(tmp_path) -> tuple[str, datetime.datetime]:
         "delta.deletedFileRetentionDuration": "interval 0 seconds"})
     sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
     before = datetime.datetime.now(datetime.UTC)
-    time.sleep(0.01)  # commit timestamps are milliseconds: strictly after `before`
+    # Commit timestamps are milliseconds: the first must be strictly after `before`.
+    wait_until(lambda: datetime.datetime.now(datetime.UTC) - before
+               >= datetime.timedelta(milliseconds=2), timeout_s=5, what="the clock to move on",
+               interval_s=0.001)
     for batch in range(BATCHES):
         assert sink.merge(batch, [_row(batch)], [], VIEW.key, metadata={"batch_id": batch})
     table = DeltaTable(path)
