@@ -8,6 +8,8 @@ import threading
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from engine.affected import UntraceableKey, plan_affected
+from engine.lineage import lineage
 from schema.catalog import Catalog, View, ViewKind, compare_columns
 from schema.errors import CatalogError, Problem
 
@@ -27,12 +29,13 @@ def dependency_order(catalog: Catalog) -> list[View]:
             raise CatalogError(
                 [
                     Problem(
-                        view.name, None, f"dimension cycle {' -> '.join(path)}", "break the cycle"
+                        view.name, None, f"views read each other in a cycle "
+                        f"{' -> '.join((*path, view.name))}", "break the cycle"
                     )
                 ]
             )
-        for dim in view.dimensions:
-            visit(catalog.view(dim), (*path, view.name))
+        for upstream in view.reads:
+            visit(catalog.view(upstream), (*path, view.name))
         seen.add(view.name)
         ordered.append(view)
 
@@ -47,6 +50,9 @@ def analyse(spark: SparkSession, catalog: Catalog) -> dict[str, StructType]:
     schemas: dict[str, StructType] = {}
     problems: list[Problem] = []
     for view in dependency_order(catalog):
+        if view.kind is ViewKind.TABLE:
+            problems += _analyse_table_view(spark, view, schemas)
+            continue
         source = catalog.source_of(view)
         if view.kind is ViewKind.UPSERT and tuple(view.key) != (source.key,):
             problems.append(
@@ -86,3 +92,36 @@ def analyse(spark: SparkSession, catalog: Catalog) -> dict[str, StructType]:
     if problems:
         raise CatalogError(problems)
     return schemas
+
+
+def _analyse_table_view(spark: SparkSession, view: View,
+                        schemas: dict[str, StructType]) -> list[Problem]:
+    """A view over views: its SQL over its inputs' schemas, and for each input, how the
+    keys a change of it affects are found (engine.affected). Adds its schema on success."""
+    missing = [name for name in view.reads if name not in schemas]
+    if missing:
+        return []  # the views it reads have problems of their own, reported already
+    with SQL_LOCK:
+        for name in view.reads:
+            spark.createDataFrame([], schemas[name]).createOrReplaceTempView(name)
+        try:
+            schema = spark.sql(view.sql).schema
+            traced = lineage(spark, view.sql)
+        except Exception as exc:  # noqa: BLE001 - Spark's analysis errors vary
+            return [Problem(view.name, None,
+                            f"Spark cannot analyse the SQL: {exc}".split("\n")[0],
+                            f"fix the SQL; it reads the views {list(view.reads)}")]
+    actual = {f.name: f.dataType.simpleString() for f in schema.fields}
+    problems = compare_columns(view, actual)
+    for name in view.reads:
+        try:
+            plan_affected(view.name, view.key, traced, name)
+        except UntraceableKey as exc:
+            problems.append(exc.problem)
+    unread = [name for name in view.reads if name not in traced.inputs]
+    if unread:
+        problems.append(Problem(view.name, None, f"lists {', '.join(unread)} but its SQL does "
+                                "not read it", "remove it from dimensions, or read it"))
+    if not problems:
+        schemas[view.name] = schema
+    return problems

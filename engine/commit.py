@@ -67,6 +67,9 @@ class ViewCommitter:
         )
         self.target_file_bytes = settings.delta_target_file_bytes
         self.maintenance = MaintenanceSchedule(settings.delta_maintenance_interval_s)
+        # The change events of the last batch committed (or replayed): the input of the
+        # views that read this one (engine.graph).
+        self.last_events: list[ChangeEvent] = []
 
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
                 deletes: set[str], old_rows: Mapping[str, dict[str, Any]]) -> list[ChangeEvent]:
@@ -103,6 +106,7 @@ class ViewCommitter:
         """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows.
         Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
         IN_FLIGHT[self.view.name] = batch_id
+        self.last_events = []
         try:
             return self._commit(batch_id, rows, deleted)
         finally:
@@ -150,6 +154,7 @@ class ViewCommitter:
             # ones: publish what the first attempt stored (None: a later batch followed,
             # so this one's events went out before it).
             events = self.redis.outbox(self.generation, batch_id) or []
+        self.last_events = events
         failpoint("after_redis", self.view.name)
         redis_done = time.perf_counter()
         self.feed.publish(events)

@@ -4,6 +4,8 @@ for every view that reads the source. One query per source; it never stops."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import redis
 from confluent_kafka import Producer
@@ -57,18 +59,26 @@ def explain(source: Source, raw: bytes | None, spark_reason: str) -> str:
 
 
 class DeadLetterWriter:
-    def __init__(self, bootstrap: str, redis_url: str, catalog: Catalog, source: Source) -> None:
+    def __init__(self, bootstrap: str, redis_url: str, catalog: Catalog, source: Source,
+                 fence: str | None = None) -> None:
         self.source = source
+        # The Redis hash that records the last batch counted: per query, whose batch ids
+        # it compares.
+        self.fence = fence or f"vg:dlq:{source.name}"
         self.topic = deadletter_topic(source.name)
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
         self.redis = redis.Redis.from_url(redis_url)
         self.count_once = self.redis.register_script(_COUNT_ONCE_LUA)
-        self.meta_keys = [meta_key(v.name) for v in catalog.views_reading(source.name)]
+        self.meta_keys = [meta_key(v.name) for v in catalog.views_fed_by(source.name)]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        rows = batch.select(
+        self.publish(batch.select(
             "_kafka_key", "_raw", "_topic", "_partition", "_offset", "_error"
-        ).collect()
+        ).collect(), batch_id)
+
+    def publish(self, rows: Sequence[Mapping[str, Any]], batch_id: int) -> None:
+        """Send the batch's bad records (META_COLUMNS of engine.sources) with their reasons,
+        and count them once per batch id."""
         if not rows:
             return
         for row in rows:
@@ -88,7 +98,7 @@ class DeadLetterWriter:
         if self.producer.flush(60):
             raise RuntimeError(f"dead-letter topic {self.topic}: records left undelivered")
         counted = self.count_once(
-            keys=[f"vg:dlq:{self.source.name}", *self.meta_keys], args=[batch_id, len(rows)]
+            keys=[self.fence, *self.meta_keys], args=[batch_id, len(rows)]
         )
         if counted == 1:  # not a replayed batch
             observe_dead_letters(self.source.name, len(rows))

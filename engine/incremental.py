@@ -23,6 +23,8 @@ from typing import Any, Protocol
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from schema.storage import decode_row, encode_row
+
 from engine.affected import KeysByLookup, UntraceableKey, plan_affected
 from engine.analysis import SQL_LOCK
 from engine.lineage import Lineage
@@ -31,6 +33,17 @@ from schema.errors import Problem
 Row = dict[str, Any]
 Key = tuple[Any, ...]
 Change = tuple[Row | None, Row | None]  # (previous row, new row); None: absent
+
+
+def json_form(row: Mapping[str, Any]) -> Row:
+    """A row as Redis and the change feed hold it (datetimes as ISO-8601 UTC text, ...): the
+    one form in which rows from Spark, from Delta and from change events compare equal."""
+    return decode_row(encode_row(row))
+
+
+def _key(row: Mapping[str, Any], columns: Sequence[str]) -> Key:
+    """The row's key in JSON form."""
+    return tuple(json_form({c: row[c] for c in columns})[c] for c in columns)
 
 
 class CurrentRows(Protocol):
@@ -58,9 +71,9 @@ def affected_keys(view: TableView, lineage: Lineage, changes: Mapping[str, Seque
         plan = plan_affected(view.name, view.key, lineage, table)
         if isinstance(plan, KeysByLookup):
             found = current.rows_where(plan.table, plan.match, plan.values(rows))
-            keys |= {tuple(r[c] for c in plan.key_columns) for r in found}
+            keys |= {_key(r, plan.key_columns) for r in found}
         else:
-            keys |= plan.keys(rows)
+            keys |= {_key(r, plan.columns) for r in rows if r is not None}
     return keys
 
 
@@ -71,7 +84,7 @@ def _gather(view: TableView, lineage: Lineage, keys: set[Key],
     driving = traced[0].table  # plan_affected checked: every key column, one input
     names = [c.name for c in traced]
     candidates = current.rows_where(driving, names[0], {k[0] for k in keys})
-    gathered = {driving: [r for r in candidates if tuple(r[n] for n in names) in keys]}
+    gathered = {driving: [r for r in candidates if _key(r, names) in keys]}
     pending = True
     while pending:
         pending = False
@@ -100,7 +113,7 @@ def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[
         rows = [r.asDict(recursive=True) for r in spark.sql(view.sql).collect()]
     out = {}
     for row in rows:
-        key = tuple(row[k] for k in view.key)
+        key = _key(row, view.key)
         if key in keys:
             out[key] = row
     return out
@@ -110,10 +123,17 @@ def view_changes(spark: SparkSession, view: TableView, lineage: Lineage,
                  changes: Mapping[str, Sequence[Change]], current: CurrentRows,
                  stored: Callable[[set[Key]], Mapping[Key, Row]]) -> dict[Key, Change]:
     """The view's changes for one batch of its inputs' changes: {key: (previous, new)},
-    only the keys whose row appears, changes or disappears."""
+    only the keys whose row appears, changes or disappears. Keys are in JSON form (`_key`),
+    `stored` answers rows in JSON form, new rows are as Spark computed them."""
     keys = affected_keys(view, lineage, changes, current)
     if not keys:
         return {}
     new = recompute(spark, view, _gather(view, lineage, keys, current), keys)
     old = stored(keys)
-    return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
+    out = {}
+    for key in keys:
+        before, after = old.get(key), new.get(key)
+        if (before is None) != (after is None) or (
+                after is not None and json_form(after) != json_form(before)):
+            out[key] = (before, after)
+    return out

@@ -13,7 +13,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from engine.failures import summarize
 from engine.metrics import observe_failure, observe_progress
-from engine.views import parse_query_name
+from engine.views import query_views
 from schema.storage import (
     META_BATCH_MS,
     META_INPUT_RATE,
@@ -71,11 +71,6 @@ class ProgressRecorder(StreamingQueryListener):
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
         progress = event.progress
-        named = parse_query_name(progress.name)
-        if named is None:
-            return
-        view, generation = named
-        observe_progress(view, progress)
         late = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         stats = {
             META_INPUT_RATE: round(progress.inputRowsPerSecond or 0.0, 1),
@@ -83,23 +78,26 @@ class ProgressRecorder(StreamingQueryListener):
             META_BATCH_MS: int(progress.batchDuration or 0),
             META_PROGRESS_AT_MS: int(time.time() * 1000),
         }
-        try:
-            self.record_progress(keys=[meta_key(view)],
-                                 args=[progress.batchId, generation, late, json.dumps(stats)])
-        except redis.RedisError:
-            pass  # informational; a lost figure is the price of not failing the query
+        for view, generation in query_views(progress.name):
+            observe_progress(view, progress)
+            try:
+                self.record_progress(keys=[meta_key(view)],
+                                     args=[progress.batchId, generation, late,
+                                           json.dumps(stats)])
+            except redis.RedisError:
+                pass  # informational; a lost figure is the price of not failing the query
 
     def onQueryIdle(self, event) -> None:  # noqa: N802
         pass
 
     def onQueryTerminated(self, event) -> None:  # noqa: N802
-        named = parse_query_name(self.names.pop(str(event.id), None))
-        if named is None or not event.exception:
+        views = query_views(self.names.pop(str(event.id), None))
+        if not event.exception:
             return
-        view, generation = named
-        observe_failure(view)
         message = summarize(str(event.exception))
-        try:
-            self.record_error(keys=[meta_key(view)], args=[generation, message])
-        except redis.RedisError:
-            pass
+        for view, generation in views:
+            observe_failure(view)
+            try:
+                self.record_error(keys=[meta_key(view)], args=[generation, message])
+            except redis.RedisError:
+                pass

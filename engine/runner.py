@@ -12,10 +12,12 @@ import weakref
 import redis
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
 
 from engine.analysis import analyse
 from engine.failures import summarize
 from engine.generations import reconcile_generation
+from engine.graph import graph_sources, graph_views, start_graph_query
 from engine.maintenance import configure_table
 from engine.progress import ProgressRecorder
 from engine.sinks.delta_sink import ensure_table
@@ -44,9 +46,10 @@ def record_progress(spark: SparkSession, redis_url: str) -> None:
     _recorders[spark] = recorder
 
 
-def prepare(spark: SparkSession, settings: Settings, catalog: Catalog) -> dict[str, int]:
+def prepare(spark: SparkSession, settings: Settings, catalog: Catalog
+            ) -> tuple[dict[str, int], dict[str, StructType]]:
     """Analyse every view and make sure its current Delta table and meta exist.
-    Returns each view's current generation."""
+    Returns each view's current generation and output schema."""
     schemas = analyse(spark, catalog)
     ensure_view_topics(settings, catalog)
     prepared: dict[str, int] = {}
@@ -60,11 +63,13 @@ def prepare(spark: SparkSession, settings: Settings, catalog: Catalog) -> dict[s
             prepared[name] = generation
     finally:
         client.close()
-    return prepared
+    return prepared, schemas
 
 
 class Engine:
-    """Every view's query and every source's dead-letter query in one SparkSession."""
+    """In one SparkSession: the graph query (every UPSERT and TABLE view, engine.graph), one
+    query per stream aggregate (AGGREGATE, WINDOW), and a dead-letter query for each source
+    only those read."""
 
     def __init__(
         self, spark: SparkSession, settings: Settings, catalog: Catalog, *, available_now=False
@@ -74,26 +79,39 @@ class Engine:
         self.catalog = catalog
         self.available_now = available_now
         self.generations: dict[str, int] = {}
+        self.schemas: dict[str, StructType] = {}
+        self.graph: list[str] = [v.name for v in graph_views(catalog)]
+        self.graph_query: StreamingQuery | None = None
         self.view_queries: dict[str, StreamingQuery] = {}
         self.other_queries: list[StreamingQuery] = []
 
     @property
     def queries(self) -> list[StreamingQuery]:
-        return [*self.other_queries, *self.view_queries.values()]
+        graph = [self.graph_query] if self.graph_query is not None else []
+        return [*self.other_queries, *graph, *self.view_queries.values()]
 
     def start(self) -> list[StreamingQuery]:
-        self.generations = prepare(self.spark, self.settings, self.catalog)
+        self.generations, self.schemas = prepare(self.spark, self.settings, self.catalog)
         record_progress(self.spark, self.settings.redis_url)
+        in_graph = {s.name for s in graph_sources(self.catalog)}
         self.other_queries = [
             start_deadletter_query(
                 self.spark, self.settings, self.catalog, source, available_now=self.available_now
             )
             for source in self.catalog.sources.values()
-            if self.catalog.views_reading(source.name)
+            if self.catalog.views_reading(source.name) and source.name not in in_graph
         ]
+        if self.graph:
+            self._start_graph()
         for name in self.catalog.views:
-            self._start_view(name)
+            if name not in self.graph:
+                self._start_view(name)
         return self.queries
+
+    def _start_graph(self) -> None:
+        self.graph_query, _ = start_graph_query(
+            self.spark, self.settings, self.catalog, self.generations, self.schemas,
+            available_now=self.available_now)
 
     def _start_view(self, name: str) -> None:
         self.view_queries[name] = start_view_query(
@@ -112,11 +130,15 @@ class Engine:
         for name, running in self.generations.items():
             current = read_current_generation(self.settings.delta_location, name)
             if current > running:
-                self.view_queries[name].stop()
                 self.generations[name] = current
-                self._start_view(name)
-                log.info("view %s now runs generation %d", name, current)
                 moved.append(name)
+                if name not in self.graph:
+                    self.view_queries[name].stop()
+                    self._start_view(name)
+                log.info("view %s now runs generation %d", name, current)
+        if self.graph_query is not None and set(moved) & set(self.graph):
+            self.graph_query.stop()  # its views moved together (engine.rebuild)
+            self._start_graph()
         return moved
 
     def run_until_stopped(self, stop: threading.Event, poll_s: float = 1.0) -> None:
@@ -126,6 +148,10 @@ class Engine:
         restarts = Restarts()
         try:
             while not stop.wait(poll_s):
+                graph = self.graph_query
+                if graph is not None and not graph.isActive and graph.exception() is not None:
+                    if restarts.due(graph.name, str(graph.exception())):
+                        self._start_graph()
                 for name, query in list(self.view_queries.items()):
                     if not query.isActive and query.exception() is not None:
                         if restarts.due(query.name, str(query.exception())):

@@ -35,13 +35,17 @@ def read_kafka(
     return reader.load()
 
 
-def classify(raw: DataFrame, source: Source) -> DataFrame:
-    """Kafka rows -> source columns plus META_COLUMNS (`_error` null for good records)."""
-    parsed = F.from_json(
+def _parsed(source: Source) -> Column:
+    return F.from_json(
         F.col("value").cast("string"),
         f"{source.schema}, {CORRUPT} STRING",
         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
     )
+
+
+def classify(raw: DataFrame, source: Source) -> DataFrame:
+    """Kafka rows -> source columns plus META_COLUMNS (`_error` null for good records)."""
+    parsed = _parsed(source)
     frame = raw.select(
         F.col("key").cast("string").alias("_kafka_key"),
         F.col("value").alias("_raw"),
@@ -55,8 +59,32 @@ def classify(raw: DataFrame, source: Source) -> DataFrame:
     return frame.select(*META_COLUMNS, "_v.*").drop(CORRUPT)
 
 
-def _error(source: Source) -> Column:
-    value = F.col("_v")
+def value_column(index: int) -> str:
+    """The column `classify_sources` parses the `index`-th source's records into."""
+    return f"_v{index}"
+
+
+def classify_sources(raw: DataFrame, sources: list[Source]) -> DataFrame:
+    """Kafka rows of several sources' topics -> META_COLUMNS plus, per source, its parsed
+    value as a struct (`value_column(i)`, null for the other sources' records)."""
+    topic = F.col("topic")
+    frame = raw.select(
+        F.col("key").cast("string").alias("_kafka_key"),
+        F.col("value").alias("_raw"),
+        topic.alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        *[F.when(topic == s.topic, _parsed(s)).alias(value_column(i))
+          for i, s in enumerate(sources)],
+    )
+    error = F.coalesce(*[F.when(F.col("_topic") == s.topic, _error(s, value_column(i)))
+                         for i, s in enumerate(sources)])
+    frame = frame.withColumn("_tombstone", F.col("_raw").isNull()).withColumn("_error", error)
+    return frame.select(*META_COLUMNS, *[value_column(i) for i in range(len(sources))])
+
+
+def _error(source: Source, parsed: str = "_v") -> Column:
+    value = F.col(parsed)
     reason = (
         F.when(
             F.col("_raw").isNull() & F.col("_kafka_key").isNull(), F.lit("tombstone without a key")

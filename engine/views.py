@@ -35,12 +35,21 @@ def query_name(view: View, generation: int) -> str:
     return f"view:{view.name}:g{generation}"
 
 
-def parse_query_name(name: str | None) -> tuple[str, int] | None:
-    """(view, generation) of a query_name, or None for other queries (dead letters)."""
+# Queries that run several views (engine.graph): query name -> [(view, generation)].
+_QUERY_VIEWS: dict[str, list[tuple[str, int]]] = {}
+
+
+def register_query_views(name: str, views: list[tuple[str, int]]) -> None:
+    _QUERY_VIEWS[name] = list(views)
+
+
+def query_views(name: str | None) -> list[tuple[str, int]]:
+    """The (view, generation) pairs a query runs: one for a view's query, several for the
+    graph query, none for other queries (dead letters)."""
     parts = (name or "").split(":")
     if len(parts) == 3 and parts[0] == "view" and parts[2].startswith("g"):
-        return parts[1], int(parts[2][1:])
-    return None
+        return [(parts[1], int(parts[2][1:]))]
+    return list(_QUERY_VIEWS.get(name or "", ()))
 
 
 @contextmanager

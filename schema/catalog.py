@@ -40,6 +40,10 @@ class ViewKind(StrEnum):
     UPSERT = "upsert"
     AGGREGATE = "aggregate"  # stateful GROUP BY, output mode "update"
     WINDOW = "window"  # event-time window GROUP BY with watermark, output mode "update"
+    # A view over views (table semantics): SQL over the current rows of other views,
+    # recomputed for the keys each of their changes affects, so a row that leaves a WHERE
+    # or a group is retracted and a join follows both sides.
+    TABLE = "table"
 
 
 @dataclass(frozen=True)
@@ -53,20 +57,29 @@ class Relationship:
 @dataclass(frozen=True)
 class View:
     name: str  # GraphQL type name; also names the Delta table and Redis keys
-    source: str  # the one streaming Source.name it reads
+    # The one Source.name it streams; for a TABLE view, the view it reads (its driving input)
+    source: str
     sql: str  # Spark SQL over the source table (and dimension views, by view name)
     key: tuple[str, ...]  # key columns of the SQL output
     graphql_type: type  # @strawberry.type whose fields are exactly the SQL output columns
     kind: ViewKind
     indexes: tuple[str, ...] = ()  # fields users filter/sort on
     relationships: tuple[Relationship, ...] = ()
-    dimensions: tuple[str, ...] = ()  # views joined as static tables, registered by view name
+    # Other views the SQL reads, by view name: joined as static tables (their latest rows
+    # when a batch runs) by an UPSERT view; followed both ways by a TABLE view.
+    dimensions: tuple[str, ...] = ()
     trigger: str = "1 second"  # Spark processing-time trigger
     retention: str = "7 days"  # change-feed retention
     # How far back `asOf` reaches: Delta keeps the files and log entries of older versions
     # this long, then maintenance vacuums them (see engine.maintenance).
     history: str = "1 day"
     grants: tuple[Grant, ...] = ()  # who may read it besides the admin role (schema.permissions)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The views this view's SQL reads (its inputs that are views)."""
+        upstream = (self.source,) if self.kind == ViewKind.TABLE else ()
+        return tuple(dict.fromkeys((*upstream, *self.dimensions)))
 
 
 # --- GraphQL type introspection -------------------------------------------------------
@@ -299,6 +312,14 @@ class Catalog:
                                         f"use one of: {', '.join(sorted(self.views))}")]) from None
 
     def source_of(self, view: View) -> Source:
+        """The source a view streams; for a view over views, the one at the end of its
+        chain of `source`s (the source of the view it reads, and so on)."""
+        seen = {view.name}
+        while view.kind == ViewKind.TABLE and view.source in self.views:
+            view = self.views[view.source]
+            if view.name in seen:
+                break  # a cycle; validate() names it
+            seen.add(view.name)
         try:
             return self.sources[view.source]
         except KeyError:
@@ -307,7 +328,53 @@ class Catalog:
                                ) from None
 
     def views_reading(self, source_name: str) -> list[View]:
-        return [v for v in self.views.values() if v.source == source_name]
+        return [v for v in self.views.values()
+                if v.source == source_name and v.kind != ViewKind.TABLE]
+
+    def views_fed_by(self, source_name: str) -> list[View]:
+        """The views that read the source, directly or through other views."""
+        direct = self.views_reading(source_name)
+        names = {v.name for v in direct}
+        for view in direct:
+            names |= {v.name for v in self.downstream(view.name)}
+        return [v for v in self.views.values() if v.name in names]
+
+    def upstream(self, view: View) -> list[View]:
+        """Every view `view` reads, directly or through others."""
+        found: dict[str, View] = {}
+        pending = list(view.reads)
+        while pending:
+            name = pending.pop()
+            if name not in found and name in self.views and name != view.name:
+                found[name] = self.views[name]
+                pending += self.views[name].reads
+        return list(found.values())
+
+    def downstream(self, name: str) -> list[View]:
+        """Every view that reads view `name`, directly or through others."""
+        return [v for v in self.views.values() if name in {u.name for u in self.upstream(v)}]
+
+    def cycles(self) -> list[tuple[str, ...]]:
+        """Each cycle of views reading each other, as the path that closes it."""
+        found: list[tuple[str, ...]] = []
+        done: set[str] = set()
+
+        def visit(name: str, path: tuple[str, ...]) -> None:
+            if name in path:
+                cycle = path[path.index(name):] + (name,)
+                if not any(set(cycle) == set(c) for c in found):
+                    found.append(cycle)
+                return
+            if name in done or name not in self.views:
+                return
+            for upstream in self.views[name].reads:
+                if upstream != name:  # reading itself is reported on its own
+                    visit(upstream, (*path, name))
+            done.add(name)
+
+        for name in self.views:
+            visit(name, ())
+        return found
 
     def validate(self) -> None:
         """Raise CatalogError listing every structural problem (Spark is not needed)."""
@@ -320,6 +387,10 @@ class Catalog:
             problems += type_problems
         for name, view in self.views.items():
             problems += _check_view(self, name, view, fields_of)
+        for cycle in self.cycles():
+            problems.append(Problem(
+                cycle[0], None, f"views read each other in a cycle: {' -> '.join(cycle)}",
+                "a view may read only views that do not read it back; break the cycle"))
         if problems:
             raise CatalogError(problems)
 
@@ -389,12 +460,31 @@ def _check_view(catalog: Catalog, name: str, v: View,
                            f"name the class {v.name} or use @strawberry.type(name={v.name!r})"))
     if not isinstance(v.kind, ViewKind):
         out.append(problem(None, f"kind {v.kind!r} is not a ViewKind",
-                           "use ViewKind.UPSERT, ViewKind.AGGREGATE or ViewKind.WINDOW"))
+                           "use ViewKind.UPSERT, AGGREGATE, WINDOW or TABLE"))
 
-    source = catalog.sources.get(v.source)
-    if source is None:
-        out.append(problem(None, f"unknown source {v.source!r}",
-                           f"use one of: {', '.join(sorted(catalog.sources)) or '(none)'}"))
+    source = catalog.sources.get(v.source) if v.kind != ViewKind.TABLE else None
+    if v.kind == ViewKind.TABLE:
+        if v.source not in catalog.views:
+            hint = (f"{v.source!r} is a source: read it with an UPSERT, AGGREGATE or WINDOW "
+                    "view, and declare this view over that view"
+                    if v.source in catalog.sources
+                    else f"use one of: {', '.join(sorted(catalog.views))}")
+            out.append(problem(None, f"a table view reads views; {v.source!r} is not one",
+                               hint))
+        elif v.source == v.name:
+            out.append(problem(None, "reads itself", "set source to another view"))
+        for name in v.reads:
+            read = catalog.views.get(name)
+            if read is not None and read.kind not in (ViewKind.UPSERT, ViewKind.TABLE):
+                out.append(problem(None, f"reads {name}, a {read.kind.value} view over a "
+                                   "stream, whose changes it cannot follow",
+                                   "read UPSERT or TABLE views; declare the aggregate as a "
+                                   "TABLE view over an UPSERT view of the stream"))
+    elif source is None:
+        hint = (f"{v.source!r} is a view: to read it, set kind=ViewKind.TABLE"
+                if v.source in catalog.views
+                else f"use one of: {', '.join(sorted(catalog.sources)) or '(none)'}")
+        out.append(problem(None, f"unknown source {v.source!r}", hint))
 
     # Keys and indexes must be fields of the type.
     if not v.key:

@@ -1,4 +1,6 @@
-"""The demo domain: an online shop with customers, orders and two aggregates over orders."""
+"""The demo domain: an online shop with customers and orders, an order view that carries
+each customer's current tier (a view over views), current totals per customer over it
+(a view over a view), and sales per product per minute over the raw order stream."""
 
 from __future__ import annotations
 
@@ -36,7 +38,17 @@ class Customer:
     country: str
 
 
-@strawberry.type(description="An order with its current status and the customer's tier.")
+@strawberry.type(description="An order as last updated, as the orders topic says it.")
+class OrderRecord:
+    order_id: str
+    customer_id: str
+    product_id: str
+    amount: float
+    status: str
+    ts: datetime.datetime
+
+
+@strawberry.type(description="An order with its current status and its customer's current tier.")
 class Order:
     order_id: str
     customer_id: str
@@ -49,7 +61,7 @@ class Order:
     customer_country: str | None
 
 
-@strawberry.type(description="Order totals per customer, counted when an order is placed.")
+@strawberry.type(description="Totals of each customer's current orders, cancelled ones left out.")
 class CustomerStats:
     customer_id: str
     order_count: int
@@ -92,31 +104,45 @@ CUSTOMER = View(
     grants=CUSTOMER_GRANTS,
 )
 
-# Stream-static join: each order event picks up the customer's tier as it is when the
-# event is processed; a later tier change does not rewrite old orders.
+# Stream semantics, latest per key: each order as its last event says (a tombstone
+# deletes it).
+ORDER_RECORD = View(
+    name="OrderRecord",
+    source="orders",
+    sql="SELECT order_id, customer_id, product_id, amount, status, ts FROM orders",
+    key=("order_id",),
+    graphql_type=OrderRecord,
+    kind=ViewKind.UPSERT,
+    indexes=("customer_id",),
+    grants=(Grant("analyst"),),  # customers read their orders through Order
+)
+
+# Table semantics, a view-to-view join that follows both sides: a customer's tier change
+# rewrites the tier on every order of that customer.
 ORDER = View(
     name="Order",
-    source="orders",
+    source="OrderRecord",
     sql="""
         SELECT o.order_id, o.customer_id, o.product_id, o.amount, o.status, o.ts,
                c.tier AS customer_tier, c.country AS customer_country
-        FROM orders o
+        FROM OrderRecord o
         LEFT JOIN Customer c ON o.customer_id = c.customer_id
     """,
     key=("order_id",),
     graphql_type=Order,
-    kind=ViewKind.UPSERT,
+    kind=ViewKind.TABLE,
     indexes=("customer_id", "status", "amount", "ts"),
     relationships=(Relationship("customer", "Customer", (("customer_id", "customer_id"),)),),
     dimensions=("Customer",),
     grants=(Grant("customer", rows=OWN_ROWS, hidden=("customer_tier",)), Grant("analyst")),
 )
 
-# Status updates re-emit the whole order, so only "placed" events are counted: each order
-# once. A streaming aggregate cannot retract, so cancellations do not reduce the totals.
+# Table semantics over a view: the totals of each customer's current orders. A
+# cancellation takes the order out of the totals, a deleted order leaves them, a customer
+# with no current order has no row.
 CUSTOMER_STATS = View(
     name="CustomerStats",
-    source="orders",
+    source="Order",
     sql="""
         SELECT customer_id,
                count(*) AS order_count,
@@ -125,20 +151,20 @@ CUSTOMER_STATS = View(
                CAST(max(amount) AS DOUBLE) AS max_order,
                CAST(min(amount) AS DOUBLE) AS min_order,
                max(ts) AS last_order_at
-        FROM orders
-        WHERE status = 'placed'
+        FROM `Order`
+        WHERE status <> 'cancelled'
         GROUP BY customer_id
     """,
     key=("customer_id",),
     graphql_type=CustomerStats,
-    kind=ViewKind.AGGREGATE,
+    kind=ViewKind.TABLE,
     indexes=("total_spent", "order_count"),
     relationships=(Relationship("customer", "Customer", (("customer_id", "customer_id"),)),),
     grants=(Grant("customer", rows=OWN_ROWS), Grant("analyst")),
 )
 
-# One-minute tumbling windows; events later than the 30 s watermark are dropped (and
-# counted as late by the engine).
+# Stream semantics, windowed: placed events per product per one-minute window of event
+# time. Events later than the 30 s watermark are dropped (and counted as late).
 PRODUCT_SALES = View(
     name="ProductSales",
     source="orders",
@@ -167,5 +193,5 @@ PRODUCT_SALES = View(
 
 CATALOG: Catalog = Catalog.of(
     sources=[ORDERS, CUSTOMERS],
-    views=[CUSTOMER, ORDER, CUSTOMER_STATS, PRODUCT_SALES],
+    views=[CUSTOMER, ORDER_RECORD, ORDER, CUSTOMER_STATS, PRODUCT_SALES],
 )

@@ -103,21 +103,19 @@ def expected_customers(customers: list[Record]) -> dict[str, dict]:
     return latest
 
 
+def expected_order_records(orders: list[Record]) -> dict[str, dict]:
+    """The latest event per order id (a tombstone deletes it)."""
+    return expected_customers(orders)
+
+
 def expected_orders(orders: list[Record], customers: dict[str, dict]) -> dict[str, dict]:
-    """Latest order per id with its customer's tier and country (customers all known
-    before the orders, as the stream-static join sees them)."""
-    latest: dict[str, dict] = {}
-    for _, key, value in orders:
-        if value is None:
-            latest.pop(key, None)
-        else:
-            order = json.loads(value)
-            customer = customers.get(order["customer_id"], {})
-            latest[key] = order | {
-                "customer_tier": customer.get("tier"),
-                "customer_country": customer.get("country"),
-            }
-    return latest
+    """Latest order per id with its customer's current tier and country (a view-to-view
+    join: the customers' final rows)."""
+    return {
+        key: order | {"customer_tier": customers.get(order["customer_id"], {}).get("tier"),
+                      "customer_country": customers.get(order["customer_id"], {}).get("country")}
+        for key, order in expected_order_records(orders).items()
+    }
 
 
 def placed(orders: list[Record]) -> pd.DataFrame:
@@ -128,8 +126,12 @@ def placed(orders: list[Record]) -> pd.DataFrame:
 
 
 def expected_customer_stats(orders: list[Record]) -> pd.DataFrame:
+    """Totals over each customer's current orders that are not cancelled."""
+    current = [o for o in expected_order_records(orders).values() if o["status"] != "cancelled"]
+    frame = pd.DataFrame(current, columns=["customer_id", "amount", "ts"])
+    frame["ts"] = pd.to_datetime(frame["ts"], utc=True)
     return (
-        placed(orders)
+        frame
         .groupby("customer_id")
         .agg(
             order_count=("amount", "size"),
@@ -163,6 +165,9 @@ def view_mismatches(
     want_customers = expected_customers(customers)
     if redis_rows(client, "Customer", generation) != want_customers:
         problems.append("Customer")
+
+    if redis_rows(client, "OrderRecord", generation) != expected_order_records(orders):
+        problems.append("OrderRecord")
 
     want_orders = expected_orders(orders, want_customers)
     got_orders = redis_rows(client, "Order", generation)

@@ -69,10 +69,12 @@ def only(cat: Catalog, view: str, field: str | None) -> Problem:
 
 def test_demo_catalog_validates() -> None:
     CATALOG.validate()
-    assert set(CATALOG.views) == {"Customer", "Order", "CustomerStats", "ProductSales"}
+    assert set(CATALOG.views) == {"Customer", "OrderRecord", "Order", "CustomerStats",
+                                   "ProductSales"}
     assert load_catalog(None) is CATALOG
-    assert {v.name for v in CATALOG.views_reading("orders")} == {
-        "Order", "CustomerStats", "ProductSales"}
+    assert {v.name for v in CATALOG.views_reading("orders")} == {"OrderRecord", "ProductSales"}
+    assert [v.name for v in CATALOG.upstream(CATALOG.view("CustomerStats"))] == [
+        "Order", "Customer", "OrderRecord"]
 
 
 def test_small_catalog_validates() -> None:
@@ -117,6 +119,52 @@ def test_dimension_unknown_or_self() -> None:
     found = problems(catalog(dataclasses.replace(THING, dimensions=("Thing", "Ghost", "Owner"))))
     assert [p.view for p in found] == ["Thing", "Thing"]
     assert "itself" in found[0].message and "Ghost" in found[1].message
+
+
+@strawberry.type
+class OwnerStats:
+    owner_id: str
+    things: int
+
+
+def owner_stats(source: str = "Thing", **changes) -> View:
+    return View("OwnerStats", source, "SELECT owner_id, count(*) AS things FROM Thing "
+                "GROUP BY owner_id", ("owner_id",), OwnerStats, ViewKind.TABLE, **changes)
+
+
+def test_a_table_view_reads_views_and_is_kept_apart_from_views_over_topics() -> None:
+    ok = catalog(THING, owner_stats())
+    ok.validate()
+    stats = ok.view("OwnerStats")
+    assert stats.reads == ("Thing",)
+    assert ok.source_of(stats).name == "things"  # the source at the end of its chain
+    assert [v.name for v in ok.upstream(stats)] == ["Thing"]
+    assert [v.name for v in ok.downstream("Thing")] == ["OwnerStats"]
+    assert "OwnerStats" not in [v.name for v in ok.views_reading("things")]
+    # A table view over a topic, a view over a view that is not a table view.
+    assert "is a source" in only(catalog(THING, owner_stats("things")), "OwnerStats", None).fix
+    over_view = dataclasses.replace(owner_stats(), kind=ViewKind.AGGREGATE)
+    assert "set kind=ViewKind.TABLE" in only(catalog(THING, over_view), "OwnerStats", None).fix
+
+
+def test_a_table_view_may_not_read_a_stream_aggregate() -> None:
+    aggregate = View("Agg", "things", "SELECT owner_id, count(*) AS things FROM things "
+                     "GROUP BY owner_id", ("owner_id",), OwnerStats, ViewKind.AGGREGATE)
+    agg_type = strawberry.type(type("Agg", (), {"__annotations__": {"owner_id": str,
+                                                                    "things": int}}))
+    aggregate = dataclasses.replace(aggregate, graphql_type=agg_type)
+    found = only(catalog(THING, aggregate, owner_stats("Agg")), "OwnerStats", None)
+    assert "cannot follow" in found.message
+
+
+def test_cycles_of_views_are_refused_with_the_views_named() -> None:
+    first = dataclasses.replace(owner_stats(), dimensions=("Ring",))
+    ring_type = strawberry.type(type("Ring", (), {"__annotations__": {"owner_id": str,
+                                                                      "things": int}}))
+    ring = View("Ring", "OwnerStats", "SELECT owner_id, things FROM OwnerStats",
+                ("owner_id",), ring_type, ViewKind.TABLE)
+    found = only(catalog(THING, first, ring), "OwnerStats", None)
+    assert found.message == "views read each other in a cycle: OwnerStats -> Ring -> OwnerStats"
 
 
 def test_relationship_problems() -> None:

@@ -29,7 +29,8 @@ def test_a_view_that_never_committed_or_lags_too_long_is_not_ready():
     ends = {**ENDS, "orders": {"0": 130}}  # 30 order events not processed for 120 s
     problems = view_problems(demo.CATALOG, metas, ends, NOW_MS, 60)
     assert problems["Customer"] == "never committed"
-    assert set(problems) == {"Customer", "Order", "CustomerStats", "ProductSales"}
+    assert set(problems) == {"Customer", "OrderRecord", "Order", "CustomerStats",
+                             "ProductSales"}
     assert "30 source events waiting" in problems["Order"]
     # Within the allowed lag, or with Kafka unreachable, only the uncommitted view counts.
     assert set(view_problems(demo.CATALOG, metas, ends, NOW_MS, 300)) == {"Customer"}

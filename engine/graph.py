@@ -1,0 +1,227 @@
+"""The graph query: one Structured Streaming query for every UPSERT view and every view over
+views (TABLE), whose batch evaluates them in dependency order.
+
+One Kafka read covers every topic those views stream. Each batch:
+1. reads its records into the driver in one Spark job, and sends the bad ones to their
+   source's dead-letter topic (the same pass, no query of their own);
+2. evaluates the views in dependency order, each committed (Redis, change feed, Delta)
+   before the views that read it run:
+   - an UPSERT view keeps the last record per key of its source, deletes tombstoned keys
+     and runs its SQL over the rest (its dimensions are their latest rows);
+   - a TABLE view turns its inputs' changes in this batch into its own changes
+     (engine.incremental: the affected keys recomputed with its own SQL over its inputs'
+     current rows, compared with its stored rows);
+3. commits every view under the batch's one id, which is therefore one version across all
+   of them: a reader that sees version N of one view can ask every other for N.
+
+Exactly once is the scheme of engine.commit, per view, under the shared batch id: after a
+crash Spark replays the batch; views that committed it already skip their commit and hand
+their stored change events (Redis's outbox) to the views that read them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
+
+from engine.analysis import SQL_LOCK, dependency_order
+from engine.commit import ViewCommitter
+from engine.current_rows import DeltaRows
+from engine.deadletter import DeadLetterWriter
+from engine.dimensions import Dimensions
+from engine.incremental import Key, TableView, view_changes
+from engine.lineage import Lineage, lineage
+from engine.sources import classify_sources, read_kafka, source_columns, value_column
+from engine.views import register_query_views, scheduler_pool
+from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
+from schema.settings import Settings
+from schema.storage import RETIRED, delta_table_path, key_of
+
+log = logging.getLogger("viewgate.engine.graph")
+
+GRAPH_KINDS = (ViewKind.UPSERT, ViewKind.TABLE)
+
+
+def graph_views(catalog: Catalog) -> list[View]:
+    """The views the graph query runs, in dependency order."""
+    return [v for v in dependency_order(catalog) if v.kind in GRAPH_KINDS]
+
+
+def graph_sources(catalog: Catalog) -> list[Source]:
+    """The sources the graph query streams (those its UPSERT views read)."""
+    names = dict.fromkeys(v.source for v in graph_views(catalog) if v.kind is ViewKind.UPSERT)
+    return [catalog.sources[n] for n in names]
+
+
+def graph_generation(generations: Mapping[str, int], catalog: Catalog) -> int:
+    """The graph's generation: its views move to a new one together (engine.rebuild)."""
+    return max((generations[v.name] for v in graph_views(catalog)), default=0)
+
+
+def graph_query_name(generation: int) -> str:
+    return f"graph:g{generation}"
+
+
+def graph_checkpoint(settings: Settings, generation: int) -> str:
+    return f"{settings.checkpoint_location}/_graph/g{generation}"
+
+
+@dataclass
+class _Records:
+    """One source's records in a batch: the last per key (None: tombstoned), the bad."""
+
+    latest: dict[str, dict[str, Any] | None]
+    bad: list[dict[str, Any]]
+
+
+class GraphBatch:
+    """The foreachBatch function of the graph query."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, catalog: Catalog,
+                 generations: Mapping[str, int], schemas: Mapping[str, StructType],
+                 checkpoint: str, *, dead_letters: bool = True) -> None:
+        self.spark = spark
+        self.catalog = catalog
+        self.views = graph_views(catalog)
+        self.sources = graph_sources(catalog)
+        self.generations = dict(generations)
+        self.committers = {
+            v.name: ViewCommitter(
+                settings, v, generations[v.name],
+                # Only upsert views delete, by the source key a tombstone carries.
+                (catalog.sources[v.source].key,) if v.kind is ViewKind.UPSERT else v.key,
+                checkpoint)
+            for v in self.views}
+        self.dimensions = {v.name: Dimensions(settings, v.dimensions)
+                           for v in self.views if v.kind is ViewKind.UPSERT}
+        self.tables = {v.name: TableView(v.name, v.sql, v.key, {n: schemas[n] for n in v.reads})
+                       for v in self.views if v.kind is ViewKind.TABLE}
+        self.lineages = {name: _lineage(spark, table) for name, table in self.tables.items()}
+        self.current = DeltaRows(lambda view: delta_table_path(
+            settings.delta_location, view, generations[view]))
+        generation = graph_generation(generations, catalog)
+        self.dead_letters = {
+            s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
+                                     fence=f"vg:dlq:{s.name}:graph:g{generation}")
+            for s in self.sources} if dead_letters else {}
+        self.retired = False
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        records = self._read(batch)
+        for name, writer in self.dead_letters.items():
+            writer.publish(records[name].bad, batch_id)
+        for view in self.views:
+            committer = self.committers[view.name]
+            if view.kind is ViewKind.UPSERT:
+                rows, deleted = self._upsert(view, records[view.source].latest)
+            else:
+                rows, deleted = self._table(view, batch_id)
+            if committer.commit(batch_id, rows, deleted) == RETIRED:
+                # A rebuild switched the graph's views to a new generation: the engine
+                # restarts the query on it (engine.runner.follow_rebuilds).
+                self.retired = True
+                return
+
+    def _read(self, batch: DataFrame) -> dict[str, _Records]:
+        """The batch's records per source, in one Spark job."""
+        records = {s.name: _Records({}, []) for s in self.sources}
+        by_topic = {s.topic: (i, s) for i, s in enumerate(self.sources)}
+        columns = {s.name: source_columns(s) for s in self.sources}
+        for row in batch.collect():
+            index, source = by_topic[row["_topic"]]
+            into = records[source.name]
+            if row["_error"] is not None:
+                into.bad.append(row.asDict())
+            elif row["_tombstone"]:
+                into.latest[row["_kafka_key"]] = None
+            else:
+                value = row[value_column(index)]
+                # A key lives in one partition, in order: the last record wins.
+                into.latest[row["_kafka_key"]] = {c: value[c] for c in columns[source.name]}
+        return records
+
+    def _upsert(self, view: View, latest: Mapping[str, dict[str, Any] | None]
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        source = self.catalog.sources[view.source]
+        deleted = [{source.key: key} for key, value in latest.items() if value is None]
+        live = [value for value in latest.values() if value is not None]
+        if not live:
+            return [], deleted
+        with SQL_LOCK:
+            frame = self.spark.createDataFrame(live, schema=source.schema)
+            frame.createOrReplaceTempView(source.name)
+            self.dimensions[view.name].register(self.spark)
+            rows = [r.asDict(recursive=True) for r in self.spark.sql(view.sql).collect()]
+        return rows, deleted
+
+    def _table(self, view: View, batch_id: int
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        changes = {name: [(e.before, e.row) for e in self.committers[name].last_events]
+                   for name in view.reads}
+        changes = {name: pairs for name, pairs in changes.items() if pairs}
+        if not changes:
+            return [], []
+        committer = self.committers[view.name]
+
+        def stored(keys: set[Key]) -> dict[Key, dict[str, Any]]:
+            texts = {key_of(dict(zip(view.key, k, strict=True)), view.key): k for k in keys}
+            before = committer.redis.before(committer.generation, list(texts))
+            rows = before.rows
+            if not before.complete:  # Redis lost rows the gateway has not re-warmed yet
+                rows = {**committer.delta.rows([t for t in texts if t not in rows]), **rows}
+            return {texts[t]: row for t, row in rows.items()}
+
+        found = view_changes(self.spark, self.tables[view.name], self.lineages[view.name],
+                             changes, self.current, stored)
+        rows = [new for _, new in found.values() if new is not None]
+        deleted = [old for old, new in found.values() if new is None and old is not None]
+        log.debug("%s batch %d: %d keys changed", view.name, batch_id, len(found),
+                  extra={"view": view.name, "batch_id": batch_id})
+        return rows, deleted
+
+
+def _lineage(spark: SparkSession, table: TableView) -> Lineage:
+    with SQL_LOCK:
+        for name, schema in table.inputs.items():
+            spark.createDataFrame([], schema).createOrReplaceTempView(name)
+        return lineage(spark, table.sql)
+
+
+def start_graph_query(
+    spark: SparkSession,
+    settings: Settings,
+    catalog: Catalog,
+    generations: Mapping[str, int],
+    schemas: Mapping[str, StructType],
+    *,
+    available_now: bool = False,
+    max_offsets: int | None = None,
+    dead_letters: bool = True,
+) -> tuple[StreamingQuery, GraphBatch]:
+    """Start the graph query of `generations` (every graph view's generation)."""
+    sources = graph_sources(catalog)
+    generation = graph_generation(generations, catalog)
+    name = graph_query_name(generation)
+    checkpoint = graph_checkpoint(settings, generation)
+    topics = ",".join(s.topic for s in sources)
+    classified = classify_sources(read_kafka(spark, settings, topics, max_offsets), sources)
+    step = GraphBatch(spark, settings, catalog, generations, schemas, checkpoint,
+                      dead_letters=dead_letters)
+    register_query_views(name, [(v.name, generations[v.name]) for v in step.views])
+    trigger = ({"availableNow": True} if available_now
+               else {"processingTime": graph_trigger(catalog)})
+    with scheduler_pool(spark, name):
+        query = (classified.writeStream.foreachBatch(step).queryName(name)
+                 .option("checkpointLocation", checkpoint).trigger(**trigger).start())
+    return query, step
+
+
+def graph_trigger(catalog: Catalog) -> str:
+    """The shortest trigger interval its views declare."""
+    return f"{min(parse_duration_ms(v.trigger) for v in graph_views(catalog))} milliseconds"
