@@ -30,10 +30,13 @@ from schema.storage import (
     change_op,
     changefeed_topic,
     deadletter_topic,
+    decode_row,
     delta_app_id,
     delta_table_path,
+    encode_row,
     key_of,
     outbox_value,
+    parse_key,
 )
 
 log = logging.getLogger("viewgate.engine.commit")
@@ -152,8 +155,13 @@ class ViewCommitter:
         if status == REPLAYED:
             # Redis holds this batch already, so the previous rows read above are its new
             # ones: publish what the first attempt stored (None: a later batch followed,
-            # so this one's events went out before it).
-            events = self.redis.outbox(self.generation, batch_id) or []
+            # so this one's events went out before it, and Delta holds it too).
+            stored_events = self.redis.outbox(self.generation, batch_id)
+            events = stored_events or []
+            if stored_events is not None:
+                # Delta gets what Redis got: a view over views recomputed on a replay finds
+                # its new rows stored already and would hand over no change at all.
+                rows, deleted = self._rows_of(stored_events)
         self.last_events = events
         failpoint("after_redis", self.view.name)
         redis_done = time.perf_counter()
@@ -192,6 +200,14 @@ class ViewCommitter:
                 extra={"view": self.view.name, "batch_id": batch_id, "timings": timings},
             )
         return status
+
+    def _rows_of(self, events: Sequence[ChangeEvent]
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The upserted rows (typed as the view's fields) and the deleted keys of events."""
+        rows = [decode_row(encode_row(e.row), self.view) for e in events if e.row is not None]
+        deleted = [dict(zip(self.view.key, parse_key(self.view, e.key), strict=True))
+                   for e in events if e.row is None]
+        return rows, deleted
 
     def _maintain(self, batch_id: int) -> None:
         """Delta maintenance between this batch and the next (engine.maintenance). A

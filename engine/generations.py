@@ -87,6 +87,20 @@ def switch_generation(settings: Settings, client: redis.Redis, view: str, genera
     client.register_script(SWITCH_GENERATION_LUA)(keys=[meta_key(view)], args=[generation])
 
 
+def switch_generations(settings: Settings, client: redis.Redis,
+                       generations: dict[str, int]) -> None:
+    """Serve several views' new generations at once: the pointer files first, then every
+    Redis meta in one transaction, so a reader never sees some of the views switched and
+    others not (a view over views with the view it reads)."""
+    for view, generation in generations.items():
+        write_current_generation(settings.delta_location, view, generation)
+    switch = client.register_script(SWITCH_GENERATION_LUA)
+    with client.pipeline(transaction=True) as pipe:
+        for view, generation in generations.items():
+            switch(keys=[meta_key(view)], args=[generation], client=pipe)
+        pipe.execute()
+
+
 def reconcile_generation(settings: Settings, client: redis.Redis, view: str) -> int:
     """The generation to serve: the newer of the pointer file and Redis' meta, completing
     a switch that a crash interrupted (or a pointer file that was lost)."""

@@ -21,11 +21,14 @@ their stored change events (Redis's outbox) to the views that read them.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
@@ -41,7 +44,7 @@ from engine.sources import classify_sources, read_kafka, source_columns, value_c
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
 from schema.settings import Settings
-from schema.storage import RETIRED, delta_table_path, key_of
+from schema.storage import RETIRED, delta_app_id, delta_table_path, key_of
 
 log = logging.getLogger("viewgate.engine.graph")
 
@@ -209,6 +212,7 @@ def start_graph_query(
     generation = graph_generation(generations, catalog)
     name = graph_query_name(generation)
     checkpoint = graph_checkpoint(settings, generation)
+    claim_checkpoint(settings, catalog, generations)
     topics = ",".join(s.topic for s in sources)
     classified = classify_sources(read_kafka(spark, settings, topics, max_offsets), sources)
     step = GraphBatch(spark, settings, catalog, generations, schemas, checkpoint,
@@ -220,6 +224,45 @@ def start_graph_query(
         query = (classified.writeStream.foreachBatch(step).queryName(name)
                  .option("checkpointLocation", checkpoint).trigger(**trigger).start())
     return query, step
+
+
+# The graph's views, recorded in its checkpoint when it is created.
+VIEWS_FILE = "viewgate-views.json"
+
+
+class GraphChanged(RuntimeError):
+    """The graph's checkpoint was made for other views: starting it would skip history."""
+
+
+def claim_checkpoint(settings: Settings, catalog: Catalog, generations: Mapping[str, int]
+                     ) -> None:
+    """Check that the graph's checkpoint belongs to the catalog's graph views, recording
+    them when it is new. A view added to the graph, or one committed by another query (an
+    engine from before views over views), would start from where the checkpoint stands
+    and miss every earlier event: refused, with the fix."""
+    checkpoint = graph_checkpoint(settings, graph_generation(generations, catalog))
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return  # object storage: not checked yet
+    folder = Path(checkpoint.removeprefix("file://"))
+    names = sorted(v.name for v in graph_views(catalog))
+    fix = (f"run `viewgate rebuild {names[0]}`: it recomputes the graph's views together "
+           "into a new generation while the current one keeps serving")
+    recorded = folder / VIEWS_FILE
+    if recorded.exists():
+        had = json.loads(recorded.read_text())
+        if had != names:
+            added = sorted(set(names) - set(had)) or ["(none)"]
+            raise GraphChanged(f"the graph query's checkpoint runs {', '.join(had)}; the "
+                               f"catalog adds {', '.join(added)}: {fix}")
+        return
+    committed = [n for n in names
+                 if DeltaTable(delta_table_path(settings.delta_location, n, generations[n]))
+                 .transaction_version(delta_app_id(n, generations[n])) is not None]
+    if committed or (folder / "offsets").exists():
+        raise GraphChanged(f"{', '.join(committed) or 'the graph'} were committed by another "
+                           f"query than this graph query's checkpoint ({folder}): {fix}")
+    folder.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(json.dumps(names))
 
 
 def graph_trigger(catalog: Catalog) -> str:

@@ -23,12 +23,11 @@ from typing import Any, Protocol
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from schema.storage import decode_row, encode_row
-
 from engine.affected import KeysByLookup, UntraceableKey, plan_affected
 from engine.analysis import SQL_LOCK
 from engine.lineage import Lineage
 from schema.errors import Problem
+from schema.storage import decode_row, encode_row
 
 Row = dict[str, Any]
 Key = tuple[Any, ...]

@@ -28,7 +28,9 @@ from engine.generations import (
     reconcile_generation,
     retire_generation,
     switch_generation,
+    switch_generations,
 )
+from engine.graph import graph_sources, graph_views, start_graph_query
 from engine.maintenance import configure_table
 from engine.runner import record_progress
 from engine.sinks.delta_sink import ensure_table
@@ -114,6 +116,8 @@ def rebuild_view(
 ) -> RebuildResult:
     if view_name not in catalog.views:
         raise RebuildError(f"no view {view_name}; the catalog has {', '.join(catalog.views)}")
+    if view_name in {v.name for v in graph_views(catalog)}:
+        return rebuild_graph(spark, settings, catalog, view_name, on_progress, batch_offsets)
     view = catalog.view(view_name)
     source = catalog.source_of(view)
     started = time.monotonic()
@@ -165,3 +169,69 @@ def rebuild_view(
         finally:
             client.close()
     return RebuildResult(view.name, live, new, done, time.monotonic() - started)
+
+
+def rebuild_graph(
+    spark: SparkSession,
+    settings: Settings,
+    catalog: Catalog,
+    view_name: str,
+    on_progress: Callable[[RebuildProgress], None] = lambda _: None,
+    batch_offsets: int = REBUILD_BATCH_OFFSETS,
+) -> RebuildResult:
+    """Rebuild a view the graph query runs: the views over views derive from the views
+    they read under the graph's one batch id, so every view of the graph is recomputed
+    together into one new generation and switched at once (engine.graph). Dead letters are
+    not sent again: the live generation sent them."""
+    views = [v.name for v in graph_views(catalog)]
+    topics = [s.topic for s in graph_sources(catalog)]
+    started = time.monotonic()
+    with _exclusive(settings, "_graph"):
+        schemas = analyse(spark, catalog)
+        ensure_view_topics(settings, catalog)
+        client = redis.Redis.from_url(settings.redis_url)
+        try:
+            live = {name: reconcile_generation(settings, client, name) for name in views}
+            new = max(live.values()) + 1
+            for name in views:
+                discard_generations_above(settings, client, name, live[name])
+                path = delta_table_path(settings.delta_location, name, new)
+                ensure_table(spark, path, schemas[name])
+                configure_table(path, catalog.view(name), settings.delta_target_file_bytes)
+            record_progress(spark, settings.redis_url)
+            generations = dict.fromkeys(views, new)
+
+            first = {t: log_range(settings.kafka_bootstrap, t) for t in topics}
+            start = {t: {p: low for p, (low, _) in r.items()} for t, r in first.items()}
+            total = sum(high - low for r in first.values() for low, high in r.values())
+            done = 0
+
+            def consumed(query: StreamingQuery) -> int:
+                return sum(_consumed(query, t, start[t]) for t in topics)
+
+            for _ in range(2):  # all the log held at the start, then what arrived meanwhile
+                query, _step = start_graph_query(
+                    spark, settings, catalog, generations, schemas, available_now=True,
+                    max_offsets=batch_offsets, dead_letters=False)
+                try:
+                    while not query.awaitTermination(0.5):
+                        done = max(done, consumed(query))
+                        on_progress(RebuildProgress(view_name, new, done, max(total, done)))
+                except Exception as exc:
+                    query.stop()
+                    raise RebuildError(
+                        f"rebuilding {', '.join(views)} (the views of the graph query, "
+                        f"rebuilt together) failed; the live generations still serve: {exc}"
+                    ) from exc
+                done = max(done, consumed(query))
+                on_progress(RebuildProgress(view_name, new, done, max(total, done)))
+                now = {t: log_range(settings.kafka_bootstrap, t) for t in topics}
+                total = sum(high - start[t].get(p, low)
+                            for t, r in now.items() for p, (low, high) in r.items())
+
+            switch_generations(settings, client, generations)
+            for name in views:
+                retire_generation(settings, client, name, live[name])
+        finally:
+            client.close()
+    return RebuildResult(view_name, live[view_name], new, done, time.monotonic() - started)

@@ -166,7 +166,14 @@ def view_mismatches(
     if redis_rows(client, "Customer", generation) != want_customers:
         problems.append("Customer")
 
-    if redis_rows(client, "OrderRecord", generation) != expected_order_records(orders):
+    def same_order(row: dict, want: dict) -> bool:
+        return ((row["customer_id"], row["status"], row["amount"], ts(row["ts"]))
+                == (want["customer_id"], want["status"], want["amount"], ts(want["ts"])))
+
+    got_records = redis_rows(client, "OrderRecord", generation)
+    want_records = expected_order_records(orders)
+    if set(got_records) != set(want_records) or not all(
+            same_order(got_records[k], want_records[k]) for k in got_records):
         problems.append("OrderRecord")
 
     want_orders = expected_orders(orders, want_customers)
@@ -180,13 +187,16 @@ def view_mismatches(
 
     stats = expected_customer_stats(orders)
     got_stats = redis_rows(client, "CustomerStats", generation)
-    if set(got_stats) != set(stats.index) or any(
-        got_stats[c]["order_count"] != want.order_count
-        or not _close(got_stats[c]["total_spent"], want.total_spent)
-        or ts(got_stats[c]["last_order_at"]) != want.last_order_at.to_pydatetime()
-        for c, want in stats.iterrows()
-    ):
-        problems.append("CustomerStats")
+    wrong = sorted(set(got_stats) ^ set(stats.index)) + [
+        c for c, want in stats.iterrows() if c in got_stats and (
+            got_stats[c]["order_count"] != want.order_count
+            or not _close(got_stats[c]["total_spent"], want.total_spent)
+            or ts(got_stats[c]["last_order_at"]) != want.last_order_at.to_pydatetime())]
+    if wrong:
+        first = wrong[0]
+        problems.append(f"CustomerStats ({len(wrong)} customers, e.g. {first}: got "
+                        f"{got_stats.get(first)}, want "
+                        f"{stats.loc[first].to_dict() if first in stats.index else None})")
 
     sales = expected_product_sales(orders)
     got_sales = {

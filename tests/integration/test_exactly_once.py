@@ -38,7 +38,7 @@ from viewgate.stack.process import wait_until
 pytestmark = pytest.mark.integration
 
 PREFIX = "kill"
-VIEWS = ("Customer", "Order", "CustomerStats", "ProductSales")
+VIEWS = ("Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales")
 
 
 def _metric(engine: EngineProcess, name: str, view: str) -> float | None:
@@ -83,15 +83,19 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     catalog = catalog_on(PREFIX)
     source_topic = {v: catalog.source_of(catalog.view(v)).topic for v in VIEWS}
     customers, orders = in_time_events(PREFIX, 3000)
-    size = len(orders) // 5 + 1
+    size = len(orders) // 6 + 1
     chunks = [orders[i : i + size] for i in range(0, len(orders), size)]
     feed_start = {view: feed_ends(bootstrap, view) for view in VIEWS}
 
-    # Customers first, so every order's enrichment sees its customer's final row. The
-    # stream-static join reads Customer's Delta table, the last sink of a commit.
-    produce(bootstrap, customers)
+    # Half the customer events first; the rest (tier changes among them) arrive with the
+    # orders, so the kills also catch Order following a change of its joined side.
+    early, late = customers[: len(customers) // 2], customers[len(customers) // 2 :]
+    step = len(late) // len(chunks) + 1  # contiguous: each key's events stay in order
+    late_parts = [late[i * step : (i + 1) * step] for i in range(len(chunks))]
+    chunks = [chunk + part for chunk, part in zip(chunks, late_parts, strict=True)]
+    produce(bootstrap, early)
     engine.start()
-    want_customers = len(expected_customers(customers))
+    want_customers = len(expected_customers(early))
     wait_until(
         lambda: delta_rows(settings, "Customer") == want_customers,
         timeout_s=180,
@@ -104,19 +108,19 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     assert _metric(engine, "viewgate_view_processed_rows_per_second", "Customer") is not None
     engine.kill()
 
-    # Each run gets fresh orders, and dies at a different step of some commit.
-    for chunk, failpoint in zip(
-        chunks,
-        ["after_redis:CustomerStats", "after_changefeed:Order", "after_delta:ProductSales"],
-        strict=False,
-    ):
+    # Each run gets fresh orders, and dies at a different step of some commit: of the
+    # deepest view over views, of the view it reads, after the upstream view of the graph
+    # committed in full (the views over it not yet), and of the stream aggregate's query.
+    failpoints = ["after_redis:CustomerStats", "after_changefeed:Order",
+                  "after_delta:OrderRecord", "after_delta:ProductSales"]
+    for chunk, failpoint in zip(chunks, failpoints, strict=False):
         produce(bootstrap, chunk)
         engine.start(failpoint)
         engine.wait_killed()
 
     # A kill from outside, at a moment when CustomerStats has just committed a batch and
     # the other views are somewhere in theirs.
-    produce(bootstrap, chunks[3])
+    produce(bootstrap, chunks[4])
     before = ViewMeta.from_fields(client.hgetall(meta_key("CustomerStats"))).version
     engine.start()
     wait_until(
@@ -127,7 +131,7 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     engine.kill()
 
     # The last run completes everything.
-    produce(bootstrap, chunks[4])
+    produce(bootstrap, chunks[5])
     engine.start()
     wait_until(
         lambda: _covered(client, bootstrap, source_topic),

@@ -1,6 +1,8 @@
 """`viewgate rebuild`: a view recomputed from the log into a new generation beside the live
 one, while the live engine keeps running; readers switch at once, the old generation
-serves until then, and the engine carries the new one on."""
+serves until then, and the engine carries the new one on. A view of the graph query
+(engine.graph) is rebuilt with every view of the graph, so a view over views and the views
+it reads are switched together."""
 
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
     client = redis.Redis.from_url(settings.redis_url)
     catalog = catalog_on(PREFIX)
     topic = catalog.source_of(catalog.view("CustomerStats")).topic
+    graph = ["Customer", "OrderRecord", "Order", "CustomerStats"]
     customers, orders = shop_events(PREFIX, seed=5, count=1200)
     first, second = orders[:700], orders[700:]
     produce(bootstrap, customers + first)
@@ -89,26 +92,29 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
         live_rows = redis_rows(client, "CustomerStats", 0)
         assert _stats_match(client, first, 0)
 
-        seen: list[tuple[int, int, int, bool]] = []
+        seen: list[tuple[int, int, set[int], bool]] = []
 
         def watch(progress) -> None:
             # While the rebuild runs, readers are still served generation 0, unchanged.
-            meta = _meta(client, "CustomerStats")
+            generations = {_meta(client, v).generation for v in graph}
             unchanged = redis_rows(client, "CustomerStats", 0) == live_rows
-            seen.append((progress.done, progress.total, meta.generation, unchanged))
+            seen.append((progress.done, progress.total, generations, unchanged))
 
         result = rebuild_view(spark, settings, catalog, "CustomerStats", watch, batch_offsets=150)
 
         assert (result.old_generation, result.new_generation) == (0, 1)
         assert len(seen) >= 3, "progress is reported as the rebuild goes"
-        assert all(generation == 0 and unchanged for _, _, generation, unchanged in seen)
+        assert all(generations == {0} and unchanged for _, _, generations, unchanged in seen)
         assert [done for done, *_ in seen] == sorted(done for done, *_ in seen)
-        assert seen[-1][0] == seen[-1][1] == len(first)
+        assert seen[-1][0] == seen[-1][1] == len(customers) + len(first)
 
-        # Switched: meta, the pointer file and the rows all name generation 1 now.
-        meta = _meta(client, "CustomerStats")
-        assert meta.generation == 1 and meta.version >= 0
-        assert read_current_generation(settings.delta_location, "CustomerStats") == 1
+        # Switched, every view of the graph together: meta, the pointer file and the rows
+        # all name generation 1 now; ProductSales (its own query) stays where it was.
+        for view in graph:
+            meta = _meta(client, view)
+            assert meta.generation == 1 and meta.version >= 0, view
+            assert read_current_generation(settings.delta_location, view) == 1, view
+        assert _meta(client, "ProductSales").generation == 0
         assert _stats_match(client, first, 1)
         assert list(client.scan_iter(match=generation_pattern("CustomerStats", 0))) == []
         stats = delta_frame(settings, "CustomerStats", 1).set_index("customer_id")
@@ -119,7 +125,7 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
 
         # The live engine still runs generation 0 until it looks: its writes are refused.
         produce(bootstrap, second)
-        old_query = engine.view_queries["CustomerStats"]
+        old_query = engine.graph_query
         wait_until(
             lambda: _query_reached(old_query, topic, bootstrap),
             timeout_s=180,
@@ -131,7 +137,7 @@ def test_rebuild_switches_readers_atomically_and_the_live_engine_follows(spark, 
         assert refused(keys=[meta_key("CustomerStats")], args=args) == RETIRED
 
         # It follows the switch, and generation 1 picks up what arrived meanwhile.
-        assert engine.follow_rebuilds() == ["CustomerStats"]
+        assert sorted(engine.follow_rebuilds()) == sorted(graph)
         wait_until(
             lambda: _stats_match(client, orders, 1), timeout_s=180, what="generation 1 to catch up"
         )

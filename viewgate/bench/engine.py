@@ -1,14 +1,16 @@
-"""The engine group: how many events per second the engine folds into `CustomerStats`, against
-the same Kafka source and parsing into a no-op sink, and how soon after its production an
-event is visible in Redis while the demo views run live.
+"""The engine group: how many events per second the engine carries through the demo's view
+graph into `CustomerStats`, against the same Kafka source and parsing into a no-op sink,
+and how soon after its production an event is visible in Redis while the demo views run
+live.
 
 Throughput: order events are preloaded (in worker processes) into a topic of their own;
-then the no-op query and the real CustomerStats query (engine.views.start_view_query: the
-same SQL, the same foreachBatch commit to Redis, the change feed and Delta) each read it
-from the earliest offset in batches of `engine_batch` events. The rate is the events of
-every batch but the first (warm-up) over the sum of their trigger durations, from Spark's
-query progress. The run counts only if CustomerStats ends up exactly right: its order
-counts in Redis and in Delta add up to the placed orders written.
+then the no-op query and the engine's graph query (engine.graph.start_graph_query: every
+UPSERT and TABLE view, OrderRecord -> Order -> CustomerStats, each committed to Redis, the
+change feed and Delta) each read it from the earliest offset in batches of `engine_batch`
+events. The rate is the events of every batch but the first (warm-up) over the sum of
+their trigger durations, from Spark's query progress. The run counts only if
+CustomerStats ends up exactly right: its order counts in Redis and in Delta add up to the
+current orders that are not cancelled.
 
 Freshness: every demo view runs as `viewgate engine` runs them (engine.runner.start_all);
 a producer process writes demo traffic at a steady rate and records each event's Kafka
@@ -45,7 +47,9 @@ from viewgate.bench.workers import (
 
 VIEW = "CustomerStats"
 # Views whose SQL counts only orders with status 'placed': only those events change them.
-_PLACED_ONLY = {"CustomerStats", "ProductSales"}
+_PLACED_ONLY = {"ProductSales"}
+# The deepest view of the demo's graph (Customer, OrderRecord -> Order -> CustomerStats).
+CHAINED_VIEW = "CustomerStats"
 # Demo events per generator in the preload: keeps the demo's customer list short and fast.
 _CHUNK_EVENTS = 50_000
 _WATCH_INTERVAL_S = 0.005
@@ -57,8 +61,12 @@ FIGURES = (
     Figure("engine_events_ratio", "CustomerStats rate / no-op rate", "x"),
     Figure("engine_events", "events per throughput run", "events"),
     Figure("engine_batch_events", "events per batch (maxOffsetsPerTrigger)", "events"),
+    Figure("engine_restart_to_commit_s", "SIGKILL -> first new commit after a restart, median",
+           "s", below=15),
     Figure("engine_freshness_p50_ms", "produced -> visible in Redis, p50", "ms", below=500),
     Figure("engine_freshness_p99_ms", "produced -> visible in Redis, p99", "ms", below=1_500),
+    Figure("engine_chained_freshness_p99_ms", "the same for CustomerStats, view over views "
+           "over views, p99", "ms", below=1_000),
     Figure("engine_freshness_samples", "events measured for freshness", "events"),
     Figure("engine_freshness_rate_per_s", "producer rate during freshness", "events/s"),
 )
@@ -236,7 +244,8 @@ def _start_noop(spark: Any, settings: Settings, catalog: Catalog) -> Any:
 
 
 def _verify(settings: Settings, generation: int, placed: int, last_batch: int) -> None:
-    """CustomerStats must count every placed order exactly once, in Redis and in Delta."""
+    """CustomerStats must count every current order that is not cancelled (`placed`)
+    exactly once, in Redis and in Delta."""
     import redis
     from deltalake import DeltaTable
 
@@ -254,9 +263,9 @@ def _verify(settings: Settings, generation: int, placed: int, last_batch: int) -
     in_delta = int(table["order_count"].sum())
     problems = []
     if in_redis != placed:
-        problems.append(f"Redis counts {in_redis:,} orders, {placed:,} were placed")
+        problems.append(f"Redis counts {in_redis:,} orders, {placed:,} are current")
     if in_delta != placed:
-        problems.append(f"Delta counts {in_delta:,} orders, {placed:,} were placed")
+        problems.append(f"Delta counts {in_delta:,} orders, {placed:,} are current")
     if len(table) != len(rows):
         problems.append(f"Delta has {len(table)} customers, Redis {len(rows)}")
     if meta.version != last_batch:
@@ -266,9 +275,9 @@ def _verify(settings: Settings, generation: int, placed: int, last_batch: int) -
 
 
 def measure_throughput(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
+    from engine.graph import start_graph_query
     from engine.runner import prepare
     from engine.topics import ensure_topics
-    from engine.views import start_view_query
 
     sizes = ctx.sizes
     settings = ctx.isolated("throughput", max_offsets_per_trigger=sizes.engine_batch)
@@ -280,15 +289,15 @@ def measure_throughput(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
     workers = _preload(ctx, settings, topic)
     try:
         spark = ctx.spark()
-        prepared = prepare(spark, settings, catalog)  # while the preload runs
+        generations, schemas = prepare(spark, settings, catalog)  # while the preload runs
         loaded = [w.result(timeout_s=sizes.engine_events / 1_000 + 300) for w in workers]
     finally:
         for worker in workers:
             worker.stop()
     events = sum(r["events"] for r in loaded)
-    placed = sum(r["placed"] for r in loaded)
+    placed = sum(r["current"] for r in loaded)
     ctx.say(
-        f"preloaded {events:,} events ({placed:,} placed orders) in "
+        f"preloaded {events:,} events ({placed:,} current orders not cancelled) in "
         f"{time.monotonic() - started:.0f} s"
     )
     timeout_s = events / 1_000 + 300
@@ -297,11 +306,11 @@ def measure_throughput(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
     noop_progress = _run_to_end(_start_noop(spark, settings, catalog), timeout_s)
     noop = throughput(noop_progress)
 
-    ctx.say(f"{VIEW}: the same, through the engine's query and commit")
-    view = catalog.view(VIEW)
-    generation = prepared[VIEW]
+    ctx.say(f"the graph query into {VIEW}: the same, through the engine's query and commits")
+    generation = generations[VIEW]
     with commit_timings() as timings:
-        query = start_view_query(spark, settings, catalog, view, generation, available_now=True)
+        query, _ = start_graph_query(spark, settings, catalog, generations, schemas,
+                                     available_now=True)
         real_progress = _run_to_end(query, timeout_s)
     real = throughput(real_progress)
     for name, result in (("no-op", noop), (VIEW, real)):
@@ -317,7 +326,8 @@ def measure_throughput(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
         "engine_batch_events": sizes.engine_batch,
         "engine_batches": real["batches"],
         "engine_profile_ms": {
-            VIEW: profile(real_progress, timings.by_view.get(VIEW, {})),
+            **{name: profile(real_progress, commits)
+               for name, commits in timings.by_view.items()},
             "noop": profile(noop_progress, {}),
         },
     }
@@ -442,7 +452,7 @@ def wait_caught_up(
 
 def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
     from engine.runner import start_all
-    from engine.views import parse_query_name
+    from engine.views import query_views
 
     sizes = ctx.sizes
     settings = ctx.isolated("freshness")
@@ -485,7 +495,8 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
             behind = wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
             stop.set()
             observed = watcher.result(timeout_s=60)
-            live = {(parse_query_name(q.name) or (q.name,))[0]: progress_dicts(q) for q in queries}
+            live = {name: progress_dicts(q) for q in queries
+                    for name in ([v for v, _ in query_views(q.name)] or [q.name])}
         finally:
             stop.set()
             for worker in workers:
@@ -511,6 +522,7 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
         "engine_freshness_samples": by_view[VIEW]["count"],
         "engine_freshness_rate_per_s": round(len(deliveries) / max(produced_s, 1e-3)),
         "engine_freshness_by_view": by_view,
+        "engine_chained_freshness_p99_ms": by_view.get(CHAINED_VIEW, {}).get("p99"),
         # Per view, and per dead-letter query (by query name), all running at once.
         "engine_live_profile_ms": {
             name: {
@@ -533,7 +545,10 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
 
 
 def run(ctx: BenchContext) -> GroupResult:
+    from viewgate.bench.restart import measure_restart
+
     figures, plots = measure_throughput(ctx)
+    figures |= measure_restart(ctx)
     if not ctx.sizes.engine_freshness:
         return GroupResult(figures, plots)
     fresh_figures, fresh_plots = measure_freshness(ctx)

@@ -58,6 +58,8 @@ FIGURES = (
     Figure("freshness_p50_ms", "event produced -> subscriber's message, p50", "ms", below=500),
     Figure("freshness_p99_ms", "event produced -> subscriber's message, p99", "ms",
            below=1_500),
+    Figure("chained_freshness_p99_ms", "the same for the deepest view over views, p99", "ms",
+           below=1_000),
     Figure("freshness_samples", "events measured", "events"),
     Figure("subscriptions_open", "subscriptions held by one gateway process"),
     Figure("fanout_10k_s", "one change to every subscription, first to last copy", "s",
@@ -148,6 +150,8 @@ def measure_freshness(ctx: BenchContext, settings: Settings, catalog: Catalog,
         "freshness_samples": by_view[VIEW]["count"],
         "freshness_view": VIEW,
         "freshness_by_view": by_view,
+        # CustomerStats is the demo's deepest view (over Order, over OrderRecord).
+        "chained_freshness_p99_ms": by_view[VIEW]["p99"],
     }
     ordered = {VIEW: samples.pop(VIEW), **samples}
     plot = Plot("subscription_freshness.png",

@@ -94,7 +94,8 @@ def preload_orders(
     tombstones) into `topic` as fast as Kafka takes them. Each of `chunks` is a fresh demo
     generator of at most `chunk_events` events with order ids of its own, so memory and the
     cost per event stay flat however many events are asked for.
-    Returns {"events": written, "placed": how many of them are orders with status placed}."""
+    Returns {"events": written, "placed": how many of them are orders with status placed,
+    "current": orders whose last event leaves them neither deleted nor cancelled}."""
     from confluent_kafka import Producer
 
     from viewgate.demo_events import ORDERS_TOPIC, generate, send
@@ -114,6 +115,7 @@ def preload_orders(
             failures.append(str(err))
 
     written = placed = 0
+    current: dict[str, bool] = {}  # order id -> counted by CustomerStats
     for chunk in chunks:
         stream = generate(seed + chunk, first_order=chunk * chunk_events + 1)
         for topic_name, key, value in itertools.islice(stream, chunk_events):
@@ -125,13 +127,14 @@ def preload_orders(
             producer.poll(0)
             written += 1
             placed += value is not None and b'"status":"placed"' in value
+            current[key] = value is not None and b'"status":"cancelled"' not in value
     if producer.flush(120) or failures:
         raise RuntimeError(f"preload into {topic}: undelivered events; errors {failures[:3]}")
     if written != events:
         raise RuntimeError(
             f"preload into {topic}: {written} events for {events} asked; more chunks"
         )
-    return {"events": written, "placed": placed}
+    return {"events": written, "placed": placed, "current": sum(current.values())}
 
 
 def produce_paced(
