@@ -53,7 +53,11 @@ class ViewCommitter:
         generation: int,
         delete_on: Sequence[str] = (),
         checkpoint: str | None = None,
+        source: str | None = None,
     ) -> None:
+        """`source`: the source whose dead-letter topic takes the view's rows with a null
+        key (default: the view's own source; a view over views names the source at the end
+        of its chain, catalog.source_of)."""
         self.view = view
         self.checkpoint = checkpoint
         self.generation = generation
@@ -61,7 +65,7 @@ class ViewCommitter:
         self.redis = RedisSink(settings.redis_url, view, graphql_fields(view))
         self.feed = ChangeFeed(settings.kafka_bootstrap,
                                changefeed_topic(view.name, settings.changefeed_prefix))
-        self.rejects = Rejects(settings.kafka_bootstrap, deadletter_topic(view.source),
+        self.rejects = Rejects(settings.kafka_bootstrap, deadletter_topic(source or view.source),
                                view.name, view.key)
         self.delta = DeltaSink(
             delta_table_path(settings.delta_location, view.name, generation),

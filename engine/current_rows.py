@@ -92,8 +92,13 @@ def _plain(data: pa.Table) -> pa.Table:
 
 
 def _matching(data: pa.Table, column: str, wanted: set[Any]) -> Iterable[Row]:
+    """The rows whose `column` is one of `wanted` (None among them: the nulls too, as a
+    GROUP BY groups them)."""
     if pa.types.is_string(data.schema.field(column).type):
         texts = pa.array([v for v in wanted if isinstance(v, str)], type=pa.string())
-        return data.filter(pc.is_in(data[column], value_set=texts)).to_pylist()
+        found = pc.is_in(data[column], value_set=texts)
+        if None in wanted:
+            found = pc.or_(found, pc.is_null(data[column]))
+        return data.filter(found).to_pylist()
     return (row for row in data.to_pylist() if json_form({column: row[column]})[column] in wanted)
 

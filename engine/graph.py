@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from engine.sources import classify_sources, read_kafka, source_columns, value_c
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
 from schema.settings import Settings
-from schema.storage import RETIRED, delta_app_id, delta_table_path, key_of
+from schema.storage import RETIRED, delta_app_id, delta_table_path, key_of, parse_key
 
 log = logging.getLogger("viewgate.engine.graph")
 
@@ -54,6 +55,15 @@ GRAPH_KINDS = (ViewKind.UPSERT, ViewKind.TABLE)
 def graph_views(catalog: Catalog) -> list[View]:
     """The views the graph query runs, in dependency order."""
     return [v for v in dependency_order(catalog) if v.kind in GRAPH_KINDS]
+
+
+def dependency_levels(views: list[View]) -> list[list[View]]:
+    """`views` (in dependency order) grouped by level: a view's level is one more than the
+    highest of the views it reads among them (0: it reads none of them)."""
+    level: dict[str, int] = {}
+    for view in views:
+        level[view.name] = 1 + max((level[n] for n in view.reads if n in level), default=-1)
+    return [[v for v in views if level[v.name] == i] for i in range(max(level.values()) + 1)]
 
 
 def graph_sources(catalog: Catalog) -> list[Source]:
@@ -99,15 +109,19 @@ class GraphBatch:
                 settings, v, generations[v.name],
                 # Only upsert views delete, by the source key a tombstone carries.
                 (catalog.sources[v.source].key,) if v.kind is ViewKind.UPSERT else v.key,
-                checkpoint)
+                checkpoint, source=catalog.source_of(v).name)
             for v in self.views}
         self.dimensions = {v.name: Dimensions(settings, v.dimensions)
                            for v in self.views if v.kind is ViewKind.UPSERT}
         self.tables = {v.name: TableView(v.name, v.sql, v.key, {n: schemas[n] for n in v.reads})
                        for v in self.views if v.kind is ViewKind.TABLE}
         self.lineages = {name: _lineage(spark, table) for name, table in self.tables.items()}
-        self.current = DeltaRows(lambda view: delta_table_path(
-            settings.delta_location, view, generations[view]))
+        # Each view its own session (temporary views are per session) and its own reader
+        # of current rows, so that the views of one level run at once.
+        self.sessions = {v.name: spark.newSession() for v in self.views}
+        self.current = {v.name: DeltaRows(lambda view: delta_table_path(
+            settings.delta_location, view, generations[view])) for v in self.views}
+        self.levels = dependency_levels(self.views)
         generation = graph_generation(generations, catalog)
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
@@ -119,17 +133,24 @@ class GraphBatch:
         records = self._read(batch)
         for name, writer in self.dead_letters.items():
             writer.publish(records[name].bad, batch_id)
-        for view in self.views:
-            committer = self.committers[view.name]
-            if view.kind is ViewKind.UPSERT:
-                rows, deleted = self._upsert(view, records[view.source].latest)
-            else:
-                rows, deleted = self._table(view, batch_id)
-            if committer.commit(batch_id, rows, deleted) == RETIRED:
+        for level in self.levels:
+            # The views of a level read only views of earlier levels: they run at once
+            # (their Spark jobs share the cores, their commits overlap).
+            with ThreadPoolExecutor(len(level), thread_name_prefix="graph-view") as pool:
+                statuses = list(pool.map(lambda v: self._evaluate(v, records, batch_id),
+                                         level))
+            if RETIRED in statuses:
                 # A rebuild switched the graph's views to a new generation: the engine
                 # restarts the query on it (engine.runner.follow_rebuilds).
                 self.retired = True
                 return
+
+    def _evaluate(self, view: View, records: Mapping[str, _Records], batch_id: int) -> int:
+        if view.kind is ViewKind.UPSERT:
+            rows, deleted = self._upsert(view, records[view.source].latest)
+        else:
+            rows, deleted = self._table(view, batch_id)
+        return self.committers[view.name].commit(batch_id, rows, deleted)
 
     def _read(self, batch: DataFrame) -> dict[str, _Records]:
         """The batch's records per source, in one Spark job."""
@@ -156,11 +177,10 @@ class GraphBatch:
         live = [value for value in latest.values() if value is not None]
         if not live:
             return [], deleted
-        with SQL_LOCK:
-            frame = self.spark.createDataFrame(live, schema=source.schema)
-            frame.createOrReplaceTempView(source.name)
-            self.dimensions[view.name].register(self.spark)
-            rows = [r.asDict(recursive=True) for r in self.spark.sql(view.sql).collect()]
+        session = self.sessions[view.name]
+        session.createDataFrame(live, schema=source.schema).createOrReplaceTempView(source.name)
+        self.dimensions[view.name].register(session)
+        rows = [r.asDict(recursive=True) for r in session.sql(view.sql).collect()]
         return rows, deleted
 
     def _table(self, view: View, batch_id: int
@@ -173,17 +193,21 @@ class GraphBatch:
         committer = self.committers[view.name]
 
         def stored(keys: set[Key]) -> dict[Key, dict[str, Any]]:
-            texts = {key_of(dict(zip(view.key, k, strict=True)), view.key): k for k in keys}
+            # A key with a null has no stored row: its new row is dead-lettered (commit).
+            texts = {key_of(dict(zip(view.key, k, strict=True)), view.key): k
+                     for k in keys if None not in k}
             before = committer.redis.before(committer.generation, list(texts))
             rows = before.rows
             if not before.complete:  # Redis lost rows the gateway has not re-warmed yet
                 rows = {**committer.delta.rows([t for t in texts if t not in rows]), **rows}
             return {texts[t]: row for t, row in rows.items()}
 
-        found = view_changes(self.spark, self.tables[view.name], self.lineages[view.name],
-                             changes, self.current, stored)
+        found = view_changes(self.sessions[view.name], self.tables[view.name],
+                             self.lineages[view.name], changes, self.current[view.name], stored)
         rows = [new for _, new in found.values() if new is not None]
-        deleted = [old for old, new in found.values() if new is None and old is not None]
+        # Deleted by key, typed as the view's fields (stored rows are in JSON form).
+        deleted = [dict(zip(view.key, parse_key(view, key_of(old, view.key)), strict=True))
+                   for old, new in found.values() if new is None and old is not None]
         log.debug("%s batch %d: %d keys changed", view.name, batch_id, len(found),
                   extra={"view": view.name, "batch_id": batch_id})
         return rows, deleted

@@ -24,7 +24,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from engine.affected import KeysByLookup, UntraceableKey, plan_affected
-from engine.analysis import SQL_LOCK
 from engine.lineage import Lineage
 from schema.errors import Problem
 from schema.storage import decode_row, encode_row
@@ -105,11 +104,12 @@ def _gather(view: TableView, lineage: Lineage, keys: set[Key],
 
 def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[Row]],
               keys: set[Key]) -> dict[Key, Row]:
-    """The view's SQL over the gathered rows: the affected keys' new rows."""
-    with SQL_LOCK:
-        for table, schema in view.inputs.items():
-            spark.createDataFrame(gathered.get(table, []), schema).createOrReplaceTempView(table)
-        rows = [r.asDict(recursive=True) for r in spark.sql(view.sql).collect()]
+    """The view's SQL over the gathered rows: the affected keys' new rows. It replaces the
+    session's temporary views of the inputs' names: give it a session of its own
+    (`SparkSession.newSession()`), or hold engine.analysis.SQL_LOCK."""
+    for table, schema in view.inputs.items():
+        spark.createDataFrame(gathered.get(table, []), schema).createOrReplaceTempView(table)
+    rows = [r.asDict(recursive=True) for r in spark.sql(view.sql).collect()]
     out = {}
     for row in rows:
         key = _key(row, view.key)

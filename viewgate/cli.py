@@ -105,7 +105,9 @@ def validate(
 
 @app.command()
 def engine(catalog: str = CatalogOption) -> None:
-    """Run the Spark engine: one streaming query per view, until SIGTERM or Ctrl-C."""
+    """Run the Spark engine (the graph query of the views over topics' latest rows and of
+    views over views, a query per streaming aggregate) until SIGTERM or Ctrl-C."""
+    from engine.graph import GraphChanged
     from engine.main import run_engine
     from schema.errors import CatalogError
     from schema.loader import load_catalog
@@ -115,6 +117,9 @@ def engine(catalog: str = CatalogOption) -> None:
         run_engine(settings, load_catalog(catalog or settings.catalog), say=console.print)
     except CatalogError as error:
         console.print(f"[red]invalid catalog[/red]\n{error}")
+        raise typer.Exit(1) from None
+    except GraphChanged as error:
+        console.print(f"[red]cannot start the graph query[/red]: {error}")
         raise typer.Exit(1) from None
 
 

@@ -125,7 +125,9 @@ class DeltaSink:
         source_schema = self._source_schema
         columns = [c for c in source_schema.names if c != DELETED]
         records = [{**{c: r.get(c) for c in columns}, DELETED: False} for r in rows]
-        records += [{**{c: d.get(c) for c in columns}, DELETED: True} for d in deleted]
+        # A deleted row needs only its `delete_on` columns (the rest may be in JSON form).
+        records += [{**dict.fromkeys(columns), **{c: d.get(c) for c in delete_on},
+                     DELETED: True} for d in deleted]
         source = pa.Table.from_pylist(records, schema=source_schema)
 
         def match(keys: Sequence[str]) -> str:

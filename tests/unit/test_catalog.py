@@ -334,3 +334,11 @@ def test_load_catalog_errors() -> None:
         load_catalog("schema.nope:CATALOG")
     with pytest.raises(CatalogError, match="not a Catalog"):
         load_catalog("schema.demo:ORDERS")
+
+
+def test_the_graph_runs_views_by_level_those_of_one_level_read_only_earlier_ones() -> None:
+    from engine.graph import dependency_levels, graph_views
+
+    levels = dependency_levels(graph_views(CATALOG))
+    assert [[v.name for v in level] for level in levels] == [
+        ["Customer", "OrderRecord"], ["Order"], ["CustomerStats"]]
