@@ -1,24 +1,41 @@
-"""The current rows of the views a view over views reads, from their Delta tables.
+"""The current rows of the views a view over views reads: from Redis, else from Delta.
 
 The incremental step (engine.incremental) asks for an input's rows by one column's values:
-the driving input by the view's key, the others by their join columns. Only the files
-whose statistics (each file's min and max of the column, in the Delta log) can hold one of
-the values are read, so a read by key costs the files the keys fall in, not the table
-(maintenance keeps files ordered by key, engine.maintenance). A read by another column
-prunes what the statistics allow, which for a column unrelated to the key is often little.
+the driving input by the view's key, the others by their join columns. The views it reads
+were committed earlier in the same batch, Redis first, so Redis holds their rows as this
+batch left them, with an index per declared `indexes` field (the sorted sets the gateway
+filters with): a read by the key is one MGET, a read by an indexed text column one
+ZRANGEBYLEX per value, then one MGET. These are the view's arrangements: a read costs the
+rows it returns, however large the view.
+
+Anything else (another column, a null value, a Redis that lost rows and has not been
+re-warmed yet) is read from the view's Delta table, only the files whose statistics (each
+file's min and max of the column) can hold one of the values: cheap by key (maintenance
+keeps files ordered by key, engine.maintenance), often the whole table by another column.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import redis
 from deltalake import DeltaTable
 
-from engine.incremental import json_form
+from engine.incremental import json_value
+from schema.catalog import View, graphql_fields
+from schema.storage import (
+    INDEX_SEPARATOR,
+    complete_field,
+    decode_row,
+    index_key,
+    key_of,
+    meta_key,
+    row_key,
+)
 
 Row = dict[str, Any]
 
@@ -45,7 +62,7 @@ class DeltaRows:
         if not values:
             return []
         delta = self._table(table)
-        wanted = {json_form({column: v})[column] for v in values}
+        wanted = {json_value(v) for v in values}
         files = _files_that_may_hold(delta, column, wanted)
         if not files:
             return []
@@ -100,5 +117,46 @@ def _matching(data: pa.Table, column: str, wanted: set[Any]) -> Iterable[Row]:
         if None in wanted:
             found = pc.or_(found, pc.is_null(data[column]))
         return data.filter(found).to_pylist()
-    return (row for row in data.to_pylist() if json_form({column: row[column]})[column] in wanted)
+    return (row for row in data.to_pylist() if json_value(row[column]) in wanted)
 
+
+
+class RedisRows:
+    """Reads by the key or by an indexed text column from Redis (`views` and their
+    `generations`), the rest from `fallback`."""
+
+    def __init__(self, redis_url: str, views: Mapping[str, View],
+                 generations: Mapping[str, int], fallback: DeltaRows) -> None:
+        self.client = redis.Redis.from_url(redis_url)
+        self.views = views
+        self.generations = generations
+        self.fallback = fallback
+        self.text_columns = {name: {f for f, info in graphql_fields(v).items()
+                                    if info.python_type is str}
+                             for name, v in views.items()}
+
+    def rows_where(self, table: str, column: str, values: set[Any]) -> list[Row]:
+        view, generation = self.views[table], self.generations[table]
+        by_key = view.key == (column,)
+        by_index = column in view.indexes and column in self.text_columns[table]
+        if (not values or None in values or not (by_key or by_index)
+                or not self.client.hexists(meta_key(table), complete_field(generation))):
+            return self.fallback.rows_where(table, column, values)
+        if by_key:
+            keys = [key_of({column: v}, view.key) for v in values]
+        else:
+            keys = self._indexed_keys(table, generation, column, values)
+        if not keys:
+            return []
+        stored = self.client.mget([row_key(table, generation, k) for k in keys])
+        return [decode_row(raw, view) for raw in stored if raw is not None]
+
+    def _indexed_keys(self, table: str, generation: int, column: str,
+                      values: set[Any]) -> list[str]:
+        index = index_key(table, generation, column)
+        pipe = self.client.pipeline(transaction=False)
+        for value in values:
+            text = str(value).encode() + INDEX_SEPARATOR.encode()
+            pipe.zrangebylex(index, b"[" + text, b"(" + text[:-1] + b"\x01")
+        members = [m for found in pipe.execute() for m in found]
+        return [m.decode().partition(INDEX_SEPARATOR)[2] for m in members]

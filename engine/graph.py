@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,9 +37,10 @@ from pyspark.sql.types import StructType
 
 from engine.analysis import SQL_LOCK, dependency_order
 from engine.commit import ViewCommitter
-from engine.current_rows import DeltaRows
+from engine.current_rows import DeltaRows, RedisRows
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
+from engine.frames import frame_of, rows_of
 from engine.incremental import Key, TableView, view_changes
 from engine.lineage import Lineage, lineage
 from engine.sources import classify_sources, read_kafka, source_columns, value_column
@@ -119,9 +121,15 @@ class GraphBatch:
         # Each view its own session (temporary views are per session) and its own reader
         # of current rows, so that the views of one level run at once.
         self.sessions = {v.name: spark.newSession() for v in self.views}
-        self.current = {v.name: DeltaRows(lambda view: delta_table_path(
-            settings.delta_location, view, generations[view])) for v in self.views}
+        self.source_schemas = {s.name: spark.createDataFrame([], s.schema).schema
+                               for s in self.sources}
+        by_name = {v.name: v for v in self.views}
+        self.current = {
+            v.name: RedisRows(settings.redis_url, by_name, generations, DeltaRows(
+                lambda view: delta_table_path(settings.delta_location, view, generations[view])))
+            for v in self.views if v.kind is ViewKind.TABLE}
         self.levels = dependency_levels(self.views)
+        self.timings: dict[str, float] = {}  # of the last batch, for the debug log
         generation = graph_generation(generations, catalog)
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
@@ -130,9 +138,11 @@ class GraphBatch:
         self.retired = False
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
         records = self._read(batch)
         for name, writer in self.dead_letters.items():
             writer.publish(records[name].bad, batch_id)
+        self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
         for level in self.levels:
             # The views of a level read only views of earlier levels: they run at once
             # (their Spark jobs share the cores, their commits overlap).
@@ -144,24 +154,33 @@ class GraphBatch:
                 # restarts the query on it (engine.runner.follow_rebuilds).
                 self.retired = True
                 return
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("graph batch %d: %s", batch_id,
+                      ", ".join(f"{k} {v:.0f}" for k, v in self.timings.items()),
+                      extra={"batch_id": batch_id, "timings": self.timings})
 
     def _evaluate(self, view: View, records: Mapping[str, _Records], batch_id: int) -> int:
+        started = time.perf_counter()
         if view.kind is ViewKind.UPSERT:
             rows, deleted = self._upsert(view, records[view.source].latest)
         else:
             rows, deleted = self._table(view, batch_id)
-        return self.committers[view.name].commit(batch_id, rows, deleted)
+        computed = time.perf_counter()
+        status = self.committers[view.name].commit(batch_id, rows, deleted)
+        self.timings[f"{view.name}_compute_ms"] = (computed - started) * 1000
+        self.timings[f"{view.name}_commit_ms"] = (time.perf_counter() - computed) * 1000
+        return status
 
     def _read(self, batch: DataFrame) -> dict[str, _Records]:
         """The batch's records per source, in one Spark job."""
         records = {s.name: _Records({}, []) for s in self.sources}
         by_topic = {s.topic: (i, s) for i, s in enumerate(self.sources)}
         columns = {s.name: source_columns(s) for s in self.sources}
-        for row in batch.collect():
+        for row in rows_of(batch):
             index, source = by_topic[row["_topic"]]
             into = records[source.name]
             if row["_error"] is not None:
-                into.bad.append(row.asDict())
+                into.bad.append(row)
             elif row["_tombstone"]:
                 into.latest[row["_kafka_key"]] = None
             else:
@@ -178,10 +197,10 @@ class GraphBatch:
         if not live:
             return [], deleted
         session = self.sessions[view.name]
-        session.createDataFrame(live, schema=source.schema).createOrReplaceTempView(source.name)
+        frame_of(session, live, self.source_schemas[source.name]).createOrReplaceTempView(
+            source.name)
         self.dimensions[view.name].register(session)
-        rows = [r.asDict(recursive=True) for r in session.sql(view.sql).collect()]
-        return rows, deleted
+        return rows_of(session.sql(view.sql)), deleted
 
     def _table(self, view: View, batch_id: int
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

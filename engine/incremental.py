@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from engine.affected import KeysByLookup, UntraceableKey, plan_affected
+from engine.frames import frame_of, rows_of
 from engine.lineage import Lineage
 from schema.errors import Problem
 from schema.storage import decode_row, encode_row
@@ -39,9 +40,17 @@ def json_form(row: Mapping[str, Any]) -> Row:
     return decode_row(encode_row(row))
 
 
+_PLAIN = (str, int, float, bool, type(None))  # the same in JSON form
+
+
+def json_value(value: Any) -> Any:
+    """One value in JSON form (datetimes as text, ...)."""
+    return value if isinstance(value, _PLAIN) else json_form({"v": value})["v"]
+
+
 def _key(row: Mapping[str, Any], columns: Sequence[str]) -> Key:
     """The row's key in JSON form."""
-    return tuple(json_form({c: row[c] for c in columns})[c] for c in columns)
+    return tuple(json_value(row[c]) for c in columns)
 
 
 class CurrentRows(Protocol):
@@ -108,8 +117,8 @@ def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[
     session's temporary views of the inputs' names: give it a session of its own
     (`SparkSession.newSession()`), or hold engine.analysis.SQL_LOCK."""
     for table, schema in view.inputs.items():
-        spark.createDataFrame(gathered.get(table, []), schema).createOrReplaceTempView(table)
-    rows = [r.asDict(recursive=True) for r in spark.sql(view.sql).collect()]
+        frame_of(spark, gathered.get(table, []), schema).createOrReplaceTempView(table)
+    rows = rows_of(spark.sql(view.sql))
     out = {}
     for row in rows:
         key = _key(row, view.key)
@@ -132,7 +141,9 @@ def view_changes(spark: SparkSession, view: TableView, lineage: Lineage,
     out = {}
     for key in keys:
         before, after = old.get(key), new.get(key)
+        # Compared as JSON text: the stored row is in JSON form, the new one as Spark has
+        # it, and both list the view's columns in the same order.
         if (before is None) != (after is None) or (
-                after is not None and json_form(after) != json_form(before)):
+                after is not None and encode_row(after) != encode_row(before)):
             out[key] = (before, after)
     return out
