@@ -149,7 +149,8 @@ class RedisRows:
         if not keys:
             return []
         stored = self.client.mget([row_key(table, generation, k) for k in keys])
-        return [decode_row(raw, view) for raw in stored if raw is not None]
+        # In JSON form, as Redis holds them: engine.frames parses times for Spark.
+        return [decode_row(raw) for raw in stored if raw is not None]
 
     def _indexed_keys(self, table: str, generation: int, column: str,
                       values: set[Any]) -> list[str]:

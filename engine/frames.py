@@ -20,13 +20,21 @@ Row = dict[str, Any]
 
 def frame_of(session: SparkSession, rows: Sequence[Mapping[str, Any]],
              schema: StructType) -> DataFrame:
-    """`rows` as a DataFrame of `schema` (Spark runs in UTC: engine.spark)."""
+    """`rows` as a DataFrame of `schema` (Spark runs in UTC: engine.spark). Rows may hold
+    their values as Python types or in JSON form (times as ISO-8601 text, as Redis holds
+    them): Arrow parses the text."""
     if not rows:
         return session.createDataFrame([], schema)
     arrow = to_arrow_schema(schema, timezone="UTC")
-    table = pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows],
-                                 schema=arrow)
-    return session.createDataFrame(table)
+    columns = [_column([r.get(f.name) for r in rows], f.type) for f in arrow]
+    return session.createDataFrame(pa.Table.from_arrays(columns, schema=arrow))
+
+
+def _column(values: list[Any], kind: pa.DataType) -> pa.Array:
+    if (pa.types.is_timestamp(kind) or pa.types.is_date(kind)) and any(
+            isinstance(v, str) for v in values):
+        return pa.array(values, pa.string()).cast(kind)
+    return pa.array(values, kind)
 
 
 def rows_of(frame: DataFrame) -> list[Row]:
