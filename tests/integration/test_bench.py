@@ -29,6 +29,7 @@ TINY = Sizes(
     fanout_connections=20,
     storage_rows_small=500,
     storage_batches=5,
+    engine_restarts=1,
 )
 
 
@@ -59,11 +60,8 @@ def test_engine_group_reports_every_figure(spark, settings, tmp_path):
     assert written["engine_freshness_samples"] >= 100
     assert written["engine_profile_ms"]["CustomerStats"]["delta_ms"] > 0
     assert set(written["engine_freshness_by_view"]) == {
-        "Customer",
-        "Order",
-        "CustomerStats",
-        "ProductSales",
-    }
+        "Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales"}
+    assert written["engine_restart_to_commit_max_s"] >= written["engine_restart_to_commit_s"]
 
 
 def test_gateway_group_reports_every_figure(spark, settings, tmp_path):
@@ -82,8 +80,8 @@ def test_subscriptions_group_reports_every_figure(spark, settings, tmp_path):
     assert written["freshness_samples"] >= 100
     assert written["subscriptions_open"] == TINY.fanout
     assert written["fanout_subscriptions"] == TINY.fanout
-    assert set(written["freshness_by_view"]) == {"Customer", "Order", "CustomerStats",
-                                                 "ProductSales"}
+    assert set(written["freshness_by_view"]) == {"Customer", "OrderRecord", "Order",
+                                                 "CustomerStats", "ProductSales"}
 
 
 def test_storage_group_reports_every_figure(settings, tmp_path):

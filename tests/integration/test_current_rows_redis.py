@@ -37,7 +37,7 @@ class CountingDelta(DeltaRows):
 
 def test_rows_come_from_redis_by_key_and_index_and_from_delta_otherwise(
         spark, settings, tmp_path):
-    settings = isolated(settings, tmp_path, redis_db=21)
+    settings = isolated(settings, tmp_path, redis_db=22)
     client = redis.Redis.from_url(settings.redis_url)
     client.flushdb()
     catalog = catalog_on("current-rows")

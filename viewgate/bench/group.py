@@ -39,6 +39,7 @@ class Sizes:
     fanout_connections: int  # websockets holding them
     storage_rows_small: int  # rows of the storage group's small table (the large: 100x)
     storage_batches: int  # demo-shaped batches the storage group times on each table
+    engine_restarts: int = 3  # SIGKILLs and restarts of the engine the engine group times
 
 
 class BenchError(RuntimeError):

@@ -5,7 +5,8 @@ writes demo traffic; it is killed with SIGKILL (driver and JVM together, as a cr
 machine or an OOM kill leaves it) right after a commit of the deepest view, started again
 at once, and timed from the kill until that view's version in Redis grows: JVM start,
 Spark session, catalog analysis, tables checked, the replay of the batch in flight and the
-first new batch. Repeated `RESTARTS` times; the median and the worst are reported.
+first new batch. Repeated `engine_restarts` times (Sizes); the median and the worst are
+reported.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from viewgate.bench.group import BenchContext, BenchError
 from viewgate.bench.workers import Worker, produce_paced
 
 VIEW = "CustomerStats"  # the demo's deepest view over views
-RESTARTS = 3
 _RATE = 200.0  # demo events per second while the engine is killed and restarted
 _TIMEOUT_S = 180.0
 
@@ -81,13 +81,14 @@ def _kill(engine: subprocess.Popen) -> None:
 def measure_restart(ctx: BenchContext) -> dict[str, Any]:
     settings = ctx.isolated("restart")
     log = ctx.workdir / "restart-engine.log"
+    restarts = ctx.sizes.engine_restarts
     producer = Worker("producer", produce_paced, settings.kafka_bootstrap, {}, _RATE,
-                      _TIMEOUT_S * (RESTARTS + 2), 7)
+                      _TIMEOUT_S * (restarts + 2), 7)
     seconds: list[float] = []
     engine = _start(settings, log)
     try:
         _wait_version_above(settings.redis_url, -1, engine, log)
-        for run in range(RESTARTS):
+        for run in range(restarts):
             version = _version(settings.redis_url)
             _wait_version_above(settings.redis_url, version, engine, log)  # just committed
             killed_at = time.monotonic()
@@ -96,7 +97,7 @@ def measure_restart(ctx: BenchContext) -> dict[str, Any]:
             engine = _start(settings, log)
             seconds.append(_wait_version_above(settings.redis_url, version, engine, log)
                            - killed_at)
-            ctx.say(f"restart {run + 1}/{RESTARTS}: {VIEW} committed again "
+            ctx.say(f"restart {run + 1}/{restarts}: {VIEW} committed again "
                     f"{seconds[-1]:.1f} s after the SIGKILL")
     finally:
         if engine.poll() is None:
