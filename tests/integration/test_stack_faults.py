@@ -66,7 +66,7 @@ from viewgate.stack.redis_server import RedisServer
 pytestmark = pytest.mark.integration
 
 PREFIX = "stackfaults"
-VIEWS = ("Customer", "Order", "CustomerStats", "ProductSales")
+VIEWS = ("Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales")
 CHUNKS = 8  # chunks of orders: one to start with, then the scenarios' own
 SETTLE_S = 420  # deadline for the engine to catch up (a JVM start on a busy machine)
 
@@ -385,6 +385,7 @@ POINT_ORDER = "query($id: String!) { order(orderId: $id) { orderId status amount
 PAID = ('{ orders(where: {status: {eq: "paid"}}, orderBy: {field: AMOUNT}, first: 100) '
         "{ totalCount edges { node { orderId } } } }")
 LISTS = {"Customer": "{ customers(first: 1) { totalCount } }",
+         "OrderRecord": "{ orderRecords(first: 1) { totalCount } }",
          "Order": "{ orders(first: 1) { totalCount } }",
          "CustomerStats": "{ customerStatsList(first: 1) { totalCount } }",
          "ProductSales": "{ productSalesList(first: 1) { totalCount } }"}
