@@ -101,11 +101,9 @@ class GraphBatch:
     def __init__(self, spark: SparkSession, settings: Settings, catalog: Catalog,
                  generations: Mapping[str, int], schemas: Mapping[str, StructType],
                  checkpoint: str, *, dead_letters: bool = True) -> None:
-        self.spark = spark
         self.catalog = catalog
         self.views = graph_views(catalog)
         self.sources = graph_sources(catalog)
-        self.generations = dict(generations)
         self.committers = {
             v.name: ViewCommitter(
                 settings, v, generations[v.name],
@@ -135,7 +133,6 @@ class GraphBatch:
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
                                      fence=f"vg:dlq:{s.name}:graph:g{generation}")
             for s in self.sources} if dead_letters else {}
-        self.retired = False
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -152,7 +149,6 @@ class GraphBatch:
             if RETIRED in statuses:
                 # A rebuild switched the graph's views to a new generation: the engine
                 # restarts the query on it (engine.runner.follow_rebuilds).
-                self.retired = True
                 return
         if log.isEnabledFor(logging.DEBUG):
             log.debug("graph batch %d: %s", batch_id,
@@ -249,7 +245,7 @@ def start_graph_query(
     available_now: bool = False,
     max_offsets: int | None = None,
     dead_letters: bool = True,
-) -> tuple[StreamingQuery, GraphBatch]:
+) -> StreamingQuery:
     """Start the graph query of `generations` (every graph view's generation)."""
     sources = graph_sources(catalog)
     generation = graph_generation(generations, catalog)
@@ -266,7 +262,7 @@ def start_graph_query(
     with scheduler_pool(spark, name):
         query = (classified.writeStream.foreachBatch(step).queryName(name)
                  .option("checkpointLocation", checkpoint).trigger(**trigger).start())
-    return query, step
+    return query
 
 
 # The graph's views, recorded in its checkpoint when it is created.

@@ -210,7 +210,7 @@ def rebuild_graph(
                 return sum(_consumed(query, t, start[t]) for t in topics)
 
             for _ in range(2):  # all the log held at the start, then what arrived meanwhile
-                query, _step = start_graph_query(
+                query = start_graph_query(
                     spark, settings, catalog, generations, schemas, available_now=True,
                     max_offsets=batch_offsets, dead_letters=False)
                 try:

@@ -109,7 +109,7 @@ class Engine:
         return self.queries
 
     def _start_graph(self) -> None:
-        self.graph_query, _ = start_graph_query(
+        self.graph_query = start_graph_query(
             self.spark, self.settings, self.catalog, self.generations, self.schemas,
             available_now=self.available_now)
 

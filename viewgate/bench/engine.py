@@ -309,7 +309,7 @@ def measure_throughput(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
     ctx.say(f"the graph query into {VIEW}: the same, through the engine's query and commits")
     generation = generations[VIEW]
     with commit_timings() as timings:
-        query, _ = start_graph_query(spark, settings, catalog, generations, schemas,
+        query = start_graph_query(spark, settings, catalog, generations, schemas,
                                      available_now=True)
         real_progress = _run_to_end(query, timeout_s)
     real = throughput(real_progress)
