@@ -8,8 +8,10 @@ import threading
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from engine.affected import UntraceableKey, plan_affected
-from engine.lineage import lineage
+from engine.affected import KeysByLookup, UntraceableKey, plan_affected
+from engine.current_rows import redis_serves
+from engine.incremental import gather_plan
+from engine.lineage import Lineage, lineage
 from schema.catalog import Catalog, View, ViewKind, compare_columns
 from schema.errors import CatalogError, Problem
 
@@ -44,14 +46,17 @@ def dependency_order(catalog: Catalog) -> list[View]:
     return ordered
 
 
-def analyse(spark: SparkSession, catalog: Catalog) -> dict[str, StructType]:
-    """{view: output schema}, or CatalogError naming every view and field that is off."""
+def analyse(spark: SparkSession, catalog: Catalog,
+            warnings: list[str] | None = None) -> dict[str, StructType]:
+    """{view: output schema}, or CatalogError naming every view and field that is off.
+    What works but costs more than it should is appended to `warnings`."""
     catalog.validate()
     schemas: dict[str, StructType] = {}
     problems: list[Problem] = []
     for view in dependency_order(catalog):
         if view.kind is ViewKind.TABLE:
-            problems += _analyse_table_view(spark, view, schemas)
+            problems += _analyse_table_view(spark, view, schemas, catalog,
+                                            [] if warnings is None else warnings)
             continue
         source = catalog.source_of(view)
         if view.kind is ViewKind.UPSERT and tuple(view.key) != (source.key,):
@@ -94,8 +99,8 @@ def analyse(spark: SparkSession, catalog: Catalog) -> dict[str, StructType]:
     return schemas
 
 
-def _analyse_table_view(spark: SparkSession, view: View,
-                        schemas: dict[str, StructType]) -> list[Problem]:
+def _analyse_table_view(spark: SparkSession, view: View, schemas: dict[str, StructType],
+                        catalog: Catalog, warnings: list[str]) -> list[Problem]:
     """A view over views: its SQL over its inputs' schemas, and for each input, how the
     keys a change of it affects are found (engine.affected). Adds its schema on success."""
     missing = [name for name in view.reads if name not in schemas]
@@ -123,5 +128,26 @@ def _analyse_table_view(spark: SparkSession, view: View,
         problems.append(Problem(view.name, None, f"lists {', '.join(unread)} but its SQL does "
                                 "not read it", "remove it from dimensions, or read it"))
     if not problems:
+        try:
+            warnings += unindexed_reads(view, traced, catalog)
+        except UntraceableKey as exc:
+            problems.append(exc.problem)
+    if not problems:
         schemas[view.name] = schema
     return problems
+
+
+def unindexed_reads(view: View, traced: Lineage, catalog: Catalog) -> list[str]:
+    """The reads of the view's incremental step (engine.incremental) that Redis cannot
+    answer by key or index: each batch then scans the input's Delta files instead."""
+    reads = [(plan.table, plan.match) for name in view.reads
+             if isinstance(plan := plan_affected(view.name, view.key, traced, name),
+                           KeysByLookup)]
+    reads += [(r.table, r.column)
+              for r in gather_plan(view.name, view.key, traced, list(view.reads))]
+    return [f"{view.name} reads {table} by {column}, which {table} is not keyed by and "
+            f"does not index as text: each batch that changes {view.name}'s inputs scans "
+            f"{table}'s Delta files that may hold the values (fix: add {column!r} to "
+            f"{table}'s indexes)"
+            for table, column in dict.fromkeys(reads)
+            if not redis_serves(catalog.views[table], column)]

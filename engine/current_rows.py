@@ -120,10 +120,20 @@ def _matching(data: pa.Table, column: str, wanted: set[Any]) -> Iterable[Row]:
     return (row for row in data.to_pylist() if json_value(row[column]) in wanted)
 
 
+def redis_serves(view: View, column: str) -> bool:
+    """Whether RedisRows reads `view`'s rows by `column` from Redis: its key, or an index
+    of a text column (the sorted sets order members by text). Else Delta answers."""
+    if view.key == (column,):
+        return True
+    info = graphql_fields(view).get(column)
+    return column in view.indexes and info is not None and info.python_type is str
+
 
 class RedisRows:
     """Reads by the key or by an indexed text column from Redis (`views` and their
-    `generations`), the rest from `fallback`."""
+    `generations`), the rest from `fallback`. Rows read from Redis are kept until
+    `forget()`: within one batch an input's rows do not change, and the incremental step
+    reads some twice (found by a join column, then gathered by key)."""
 
     def __init__(self, redis_url: str, views: Mapping[str, View],
                  generations: Mapping[str, int], fallback: DeltaRows) -> None:
@@ -131,26 +141,29 @@ class RedisRows:
         self.views = views
         self.generations = generations
         self.fallback = fallback
-        self.text_columns = {name: {f for f, info in graphql_fields(v).items()
-                                    if info.python_type is str}
-                             for name, v in views.items()}
+        self._read: dict[tuple[str, str], Row | None] = {}  # (view, key) -> row or absent
+
+    def forget(self) -> None:
+        """Drop the rows read so far: call it before each batch."""
+        self._read = {}
 
     def rows_where(self, table: str, column: str, values: set[Any]) -> list[Row]:
         view, generation = self.views[table], self.generations[table]
         by_key = view.key == (column,)
-        by_index = column in view.indexes and column in self.text_columns[table]
-        if (not values or None in values or not (by_key or by_index)
+        if (not values or None in values or not redis_serves(view, column)
                 or not self.client.hexists(meta_key(table), complete_field(generation))):
             return self.fallback.rows_where(table, column, values)
         if by_key:
             keys = [key_of({column: v}, view.key) for v in values]
         else:
             keys = self._indexed_keys(table, generation, column, values)
-        if not keys:
-            return []
-        stored = self.client.mget([row_key(table, generation, k) for k in keys])
-        # In JSON form, as Redis holds them: engine.frames parses times for Spark.
-        return [decode_row(raw) for raw in stored if raw is not None]
+        unread = [k for k in keys if (table, k) not in self._read]
+        if unread:
+            stored = self.client.mget([row_key(table, generation, k) for k in unread])
+            # In JSON form, as Redis holds them: engine.frames parses times for Spark.
+            self._read.update(((table, k), None if raw is None else decode_row(raw))
+                              for k, raw in zip(unread, stored, strict=True))
+        return [row for k in keys if (row := self._read[table, k]) is not None]
 
     def _indexed_keys(self, table: str, generation: int, column: str,
                       values: set[Any]) -> list[str]:

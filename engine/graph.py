@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from engine.dimensions import Dimensions
 from engine.frames import frame_of, rows_of
 from engine.incremental import Key, TableView, view_changes
 from engine.lineage import Lineage, lineage
+from engine.sinks.redis_sink import Before
 from engine.sources import classify_sources, read_kafka, source_columns, value_column
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
@@ -121,11 +122,25 @@ class GraphBatch:
         self.sessions = {v.name: spark.newSession() for v in self.views}
         self.source_schemas = {s.name: spark.createDataFrame([], s.schema).schema
                                for s in self.sources}
+        # Upsert views whose SQL only picks columns of their source: output column ->
+        # source column. Their rows are taken from the batch as read, without a Spark
+        # job of their own (one job fewer a batch on the path to every view after them).
+        self.projections = {
+            v.name: {out: column.name for out, column in found.outputs.items()
+                     if column is not None}
+            for v in self.views if v.kind is ViewKind.UPSERT and not v.dimensions
+            for found in [_lineage(spark, TableView(
+                v.name, v.sql, v.key, {v.source: self.source_schemas[v.source]}))]
+            if found.plain_projection}
         by_name = {v.name: v for v in self.views}
-        self.current = {
-            v.name: RedisRows(settings.redis_url, by_name, generations, DeltaRows(
-                lambda view: delta_table_path(settings.delta_location, view, generations[view])))
-            for v in self.views if v.kind is ViewKind.TABLE}
+
+        def delta_path(view: str) -> str:
+            self._wait_delta([view])  # a view read from Delta this batch: its commit first
+            return delta_table_path(settings.delta_location, view, generations[view])
+
+        self.current = {v.name: RedisRows(settings.redis_url, by_name, generations,
+                                          DeltaRows(delta_path))
+                        for v in self.views if v.kind is ViewKind.TABLE}
         self.levels = dependency_levels(self.views)
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
         generation = graph_generation(generations, catalog)
@@ -140,29 +155,50 @@ class GraphBatch:
         for name, writer in self.dead_letters.items():
             writer.publish(records[name].bad, batch_id)
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
-        for level in self.levels:
-            # The views of a level read only views of earlier levels: they run at once
-            # (their Spark jobs share the cores, their commits overlap).
-            with ThreadPoolExecutor(len(level), thread_name_prefix="graph-view") as pool:
-                statuses = list(pool.map(lambda v: self._evaluate(v, records, batch_id),
-                                         level))
-            if RETIRED in statuses:
-                # A rebuild switched the graph's views to a new generation: the engine
-                # restarts the query on it (engine.runner.follow_rebuilds).
-                return
+        try:
+            # Each view's Delta step runs on `delta_steps` while the views after it compute
+            # and commit; the batch ends when every one is done (leaving the block waits for
+            # them, also when a view failed: a replay must not race them).
+            with ThreadPoolExecutor(len(self.views), "graph-delta") as delta_steps:
+                for level in self.levels:
+                    # The views of a level read only views of earlier levels: they run at
+                    # once (their Spark jobs share the cores, their commits overlap).
+                    with ThreadPoolExecutor(len(level), "graph-view") as pool:
+                        statuses = list(pool.map(
+                            lambda v: self._evaluate(v, records, batch_id, delta_steps), level))
+                    if RETIRED in statuses:
+                        # A rebuild switched the graph's views to a new generation: the
+                        # engine restarts the query on it (engine.runner.follow_rebuilds).
+                        return
+            self._wait_delta(self.committers)  # raises a failed Delta step
+        finally:
+            for committer in self.committers.values():
+                committer.delta_done = None
+        self.timings["batch_ms"] = (time.perf_counter() - started) * 1000
         if log.isEnabledFor(logging.DEBUG):
             log.debug("graph batch %d: %s", batch_id,
                       ", ".join(f"{k} {v:.0f}" for k, v in self.timings.items()),
                       extra={"batch_id": batch_id, "timings": self.timings})
 
-    def _evaluate(self, view: View, records: Mapping[str, _Records], batch_id: int) -> int:
+    def _wait_delta(self, views: Iterable[str]) -> None:
+        """Wait for the views' Delta steps of this batch; a failure is raised (it fails
+        the batch, which Spark then replays: every step is idempotent)."""
+        for name in views:
+            done = self.committers[name].delta_done
+            if done is not None:
+                done.result()
+
+    def _evaluate(self, view: View, records: Mapping[str, _Records], batch_id: int,
+                  delta_steps: Executor) -> int:
         started = time.perf_counter()
+        before = None
         if view.kind is ViewKind.UPSERT:
             rows, deleted = self._upsert(view, records[view.source].latest)
         else:
-            rows, deleted = self._table(view, batch_id)
+            rows, deleted, before = self._table(view, batch_id)
         computed = time.perf_counter()
-        status = self.committers[view.name].commit(batch_id, rows, deleted)
+        status = self.committers[view.name].commit(batch_id, rows, deleted, before,
+                                                   delta_in=delta_steps)
         self.timings[f"{view.name}_compute_ms"] = (computed - started) * 1000
         self.timings[f"{view.name}_commit_ms"] = (time.perf_counter() - computed) * 1000
         return status
@@ -192,6 +228,10 @@ class GraphBatch:
         live = [value for value in latest.values() if value is not None]
         if not live:
             return [], deleted
+        picked = self.projections.get(view.name)
+        if picked is not None:
+            return [{out: value[column] for out, column in picked.items()}
+                    for value in live], deleted
         session = self.sessions[view.name]
         frame_of(session, live, self.source_schemas[source.name]).createOrReplaceTempView(
             source.name)
@@ -199,23 +239,28 @@ class GraphBatch:
         return rows_of(session.sql(view.sql)), deleted
 
     def _table(self, view: View, batch_id: int
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Before | None]:
+        """The view's new rows, deleted keys, and what Redis held for every key it
+        compared (the commit needs it too: read once)."""
         changes = {name: [(e.before, e.row) for e in self.committers[name].last_events]
                    for name in view.reads}
         changes = {name: pairs for name, pairs in changes.items() if pairs}
         if not changes:
-            return [], []
+            return [], [], None
         committer = self.committers[view.name]
+        self.current[view.name].forget()  # its inputs' rows of the last batch
+        read: list[Before] = []
 
         def stored(keys: set[Key]) -> dict[Key, dict[str, Any]]:
             # A key with a null has no stored row: its new row is dead-lettered (commit).
             texts = {key_of(dict(zip(view.key, k, strict=True)), view.key): k
                      for k in keys if None not in k}
             before = committer.redis.before(committer.generation, list(texts))
-            rows = before.rows
             if not before.complete:  # Redis lost rows the gateway has not re-warmed yet
-                rows = {**committer.delta.rows([t for t in texts if t not in rows]), **rows}
-            return {texts[t]: row for t, row in rows.items()}
+                before.rows.update(committer.delta.rows(
+                    [t for t in texts if t not in before.rows]))
+            read.append(before)
+            return {texts[t]: row for t, row in before.rows.items()}
 
         found = view_changes(self.sessions[view.name], self.tables[view.name],
                              self.lineages[view.name], changes, self.current[view.name], stored)
@@ -225,7 +270,7 @@ class GraphBatch:
                    for old, new in found.values() if new is None and old is not None]
         log.debug("%s batch %d: %d keys changed", view.name, batch_id, len(found),
                   extra={"view": view.name, "batch_id": batch_id})
-        return rows, deleted
+        return rows, deleted, read[-1] if read else None
 
 
 def _lineage(spark: SparkSession, table: TableView) -> Lineage:

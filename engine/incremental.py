@@ -84,30 +84,57 @@ def affected_keys(view: TableView, lineage: Lineage, changes: Mapping[str, Seque
     return keys
 
 
-def _gather(view: TableView, lineage: Lineage, keys: set[Key],
-            current: CurrentRows) -> dict[str, list[Row]]:
-    """The input rows the affected keys are computed from (step 2 of the docstring)."""
-    traced = [lineage.source_of(k) for k in view.key]
+@dataclass(frozen=True)
+class Read:
+    """One read of the incremental step: the rows of `table` whose `column` is one of the
+    values `via` gives (None: the affected keys' first column; else the `via` column of
+    the rows read from `via_table`)."""
+
+    table: str
+    column: str
+    via_table: str | None = None
+    via: str | None = None
+
+
+def gather_plan(view_name: str, key: Sequence[str], lineage: Lineage,
+                inputs: Sequence[str]) -> list[Read]:
+    """The reads step 2 makes: the input the key comes from by its key columns, then,
+    following the join equalities, each other input by its join column."""
+    traced = [lineage.source_of(k) for k in key]
     driving = traced[0].table  # plan_affected checked: every key column, one input
-    names = [c.name for c in traced]
-    candidates = current.rows_where(driving, names[0], {k[0] for k in keys})
-    gathered = {driving: [r for r in candidates if _key(r, names) in keys]}
+    plan = [Read(driving, traced[0].name)]
+    planned = {driving}
     pending = True
     while pending:
         pending = False
         for left, right in lineage.equalities:
             for have, need in ((left, right), (right, left)):
-                if have.table in gathered and need.table not in gathered:
-                    values = {r[have.name] for r in gathered[have.table]} - {None}
-                    gathered[need.table] = current.rows_where(need.table, need.name, values)
+                if have.table in planned and need.table not in planned:
+                    plan.append(Read(need.table, need.name, have.table, have.name))
+                    planned.add(need.table)
                     pending = True
-    missing = [t for t in view.inputs if t not in gathered]
+    missing = [t for t in inputs if t not in planned]
     if missing:
         raise UntraceableKey(Problem(
-            view.name, None,
+            view_name, None,
             f"no join equality connects {', '.join(missing)} to {driving}, so the rows of "
             f"{', '.join(missing)} an affected key needs cannot be found",
             "join every input with an equality on columns (ON a.x = b.y)"))
+    return plan
+
+
+def _gather(view: TableView, lineage: Lineage, keys: set[Key],
+            current: CurrentRows) -> dict[str, list[Row]]:
+    """The input rows the affected keys are computed from (step 2 of the docstring)."""
+    names = [lineage.source_of(k).name for k in view.key]
+    gathered: dict[str, list[Row]] = {}
+    for read in gather_plan(view.name, view.key, lineage, list(view.inputs)):
+        if read.via_table is None:
+            candidates = current.rows_where(read.table, read.column, {k[0] for k in keys})
+            gathered[read.table] = [r for r in candidates if _key(r, names) in keys]
+        else:
+            values = {r[read.via] for r in gathered[read.via_table]} - {None}
+            gathered[read.table] = current.rows_where(read.table, read.column, values)
     return gathered
 
 

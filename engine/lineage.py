@@ -21,6 +21,9 @@ from typing import Any
 _ATTRIBUTE = "org.apache.spark.sql.catalyst.expressions.AttributeReference"
 _ALIAS = "org.apache.spark.sql.catalyst.expressions.Alias"
 _EQUAL = "org.apache.spark.sql.catalyst.expressions.EqualTo"
+# Plan nodes that only pick and rename columns (a temporary view reads as View and
+# SubqueryAlias over its relation).
+_PROJECTION_NODES = {"Project", "SubqueryAlias", "View"}
 
 
 @dataclass(frozen=True, order=True)
@@ -35,6 +38,9 @@ class Lineage:
     outputs: Mapping[str, Column | None]  # output column -> the input column it copies
     equalities: tuple[tuple[Column, Column], ...]  # input columns a condition equates
     grouped_by: tuple[Column, ...] | None  # the GROUP BY columns; None: no aggregate
+    # Only projections of one input's columns (renamed or not), nothing computed, filtered,
+    # joined or grouped: its rows are the input's rows, columns picked.
+    plain_projection: bool = False
 
     def source_of(self, output: str) -> Column | None:
         return self.outputs.get(output)
@@ -99,10 +105,14 @@ class _Walk:
         self.inputs: list[str] = []
         self.pairs: list[tuple[int, int]] = []
         self.grouping: list[int] | None = None
+        self.kinds: set[str] = set()  # of every node but the leaves
+        self.computed = False  # an output expression that is not a copy of an attribute
 
     def output(self, node: _Node, table: str | None = None) -> list[tuple[str, int]]:
         """The node's output attributes as (name, exprId), recording lineage on the way."""
         kind = node.kind
+        if node.children:
+            self.kinds.add(kind)
         if kind == "View":
             table = node.fields["desc"]["identifier"]["table"]
             self.inputs.append(table)
@@ -127,6 +137,7 @@ class _Walk:
             for expression in node.fields[key]:
                 name, expr_id = _output_id(expression)
                 copied = _copied_attribute(expression)
+                self.computed |= copied is None
                 if copied is not None and copied in self.columns:
                     self.columns[expr_id] = self.columns[copied]
                 produced.append((name, expr_id))
@@ -145,11 +156,16 @@ def lineage_of_plan(plan_json: str) -> Lineage:
     )
     grouped = None if walk.grouping is None else tuple(
         columns[g] for g in walk.grouping if g in columns)
+    copies = {name: columns.get(expr_id) for name, expr_id in outputs}
+    inputs = tuple(dict.fromkeys(walk.inputs))
     return Lineage(
-        inputs=tuple(dict.fromkeys(walk.inputs)),
-        outputs={name: columns.get(expr_id) for name, expr_id in outputs},
+        inputs=inputs,
+        outputs=copies,
         equalities=tuple(dict.fromkeys(pairs)),  # type: ignore[arg-type]
         grouped_by=grouped,
+        plain_projection=(len(inputs) == 1 and not walk.computed
+                          and walk.kinds <= _PROJECTION_NODES
+                          and all(c is not None for c in copies.values())),
     )
 
 

@@ -10,6 +10,11 @@ import time
 
 import redis
 from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import (
+    JStreamingQueryListener,
+    QueryProgressEvent,
+    StreamingQueryProgress,
+)
 
 from engine.failures import summarize
 from engine.metrics import observe_failure, observe_progress
@@ -58,7 +63,27 @@ if (not live) or live == gen then redis.call('HSET', KEYS[1], '{META_LAST_ERROR}
 return 1
 """
 
+class _ProgressAsJson(JStreamingQueryListener):
+    """PySpark's bridge builds each progress event from the JVM object field by field, one
+    Py4J round trip per field and map entry: about 15% of the driver's Python time under
+    load, holding the GIL the graph's batch needs. One round trip for the progress's JSON
+    gives the same event."""
+
+    def onQueryProgress(self, jevent) -> None:  # noqa: N802 - Spark's API
+        progress = StreamingQueryProgress.fromJson(json.loads(jevent.progress().json()))
+        self.pylistener.onQueryProgress(QueryProgressEvent(progress))
+
+
 class ProgressRecorder(StreamingQueryListener):
+    @property
+    def _jlistener(self):
+        if not hasattr(self, "_jlistenerobj"):
+            from pyspark import SparkContext
+
+            self._jlistenerobj = SparkContext._jvm.PythonStreamingQueryListenerWrapper(
+                _ProgressAsJson(self))
+        return self._jlistenerobj
+
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
         self.redis = redis.Redis.from_url(redis_url)

@@ -50,7 +50,10 @@ def prepare(spark: SparkSession, settings: Settings, catalog: Catalog
             ) -> tuple[dict[str, int], dict[str, StructType]]:
     """Analyse every view and make sure its current Delta table and meta exist.
     Returns each view's current generation and output schema."""
-    schemas = analyse(spark, catalog)
+    warnings: list[str] = []
+    schemas = analyse(spark, catalog, warnings)
+    for warning in warnings:
+        log.warning(warning)
     ensure_view_topics(settings, catalog)
     prepared: dict[str, int] = {}
     client = redis.Redis.from_url(settings.redis_url)

@@ -80,7 +80,11 @@ def classify_sources(raw: DataFrame, sources: list[Source]) -> DataFrame:
     error = F.coalesce(*[F.when(F.col("_topic") == s.topic, _error(s, value_column(i)))
                          for i, s in enumerate(sources)])
     frame = frame.withColumn("_tombstone", F.col("_raw").isNull()).withColumn("_error", error)
-    return frame.select(*META_COLUMNS, *[value_column(i) for i in range(len(sources))])
+    # The raw bytes only for the dead letters: good records are read as parsed values, and
+    # not carrying every record's bytes to the driver makes the batch's one collect lighter.
+    raw = F.when(F.col("_error").isNotNull(), F.col("_raw")).alias("_raw")
+    return frame.select(*[raw if c == "_raw" else c for c in META_COLUMNS],
+                        *[value_column(i) for i in range(len(sources))])
 
 
 def _error(source: Source, parsed: str = "_v") -> Column:

@@ -93,10 +93,13 @@ def validate(
             from engine.spark import build_spark
 
             session = build_spark(get_settings(), app_name="viewgate-validate")
+            warnings: list[str] = []
             try:
-                analyse(session, loaded)
+                analyse(session, loaded, warnings)
             finally:
                 session.stop()
+            for warning in warnings:
+                console.print(f"[yellow]warning:[/yellow] {warning}")
     except CatalogError as error:
         console.print(f"[red]invalid catalog[/red]\n{error}")
         raise typer.Exit(1) from None

@@ -56,6 +56,14 @@ def test_rows_come_from_redis_by_key_and_index_and_from_delta_otherwise(
     assert reader.rows_where("OrderRecord", "customer_id", {"C9"}) == []
     assert delta.calls == []
 
+    # Within a batch a row is read from Redis once: the next batch's rows after forget().
+    ViewCommitter(settings, view, 0).commit(1, [{**order("O1", "C1"), "status": "paid"}])
+    assert [r["status"] for r in reader.rows_where("OrderRecord", "order_id", {"O1"})] \
+        == ["placed"]
+    reader.forget()
+    assert [r["status"] for r in reader.rows_where("OrderRecord", "order_id", {"O1"})] \
+        == ["paid"]
+
     # Not indexed: Delta, with the same answer Redis would give.
     assert [r["order_id"] for r in reader.rows_where("OrderRecord", "product_id", {"P1"})] \
         and delta.calls == [("OrderRecord", "product_id")]

@@ -56,3 +56,22 @@ def test_an_aggregate_over_a_join_groups_by_the_joined_side(tables):
     assert found.grouped_by == (Column("Customer", "tier"),)
     assert (Column("Customer", "customer_id"), Column("OrderRecord", "customer_id")) \
         in found.equalities
+
+
+def test_a_plain_projection_is_told_apart_from_any_computation(tables):
+    picked = lineage(tables, "SELECT order_id, customer_id AS buyer, amount FROM OrderRecord")
+    assert picked.plain_projection
+    assert picked.source_of("buyer") == Column("OrderRecord", "customer_id")
+    assert lineage(tables, "SELECT * FROM Customer").plain_projection
+    for sql in (
+        "SELECT order_id, amount * 2 AS amount FROM OrderRecord",
+        "SELECT order_id, CAST(amount AS INT) AS amount FROM OrderRecord",
+        "SELECT order_id FROM OrderRecord WHERE status <> 'cancelled'",
+        "SELECT DISTINCT order_id FROM OrderRecord",
+        "SELECT customer_id, count(*) AS n FROM OrderRecord GROUP BY customer_id",
+        "SELECT o.order_id, c.tier FROM OrderRecord o JOIN Customer c "
+        "ON o.customer_id = c.customer_id",
+        "SELECT order_id FROM OrderRecord LIMIT 3",
+        "SELECT order_id, 'x' AS tag FROM OrderRecord",
+    ):
+        assert not lineage(tables, sql).plain_projection, sql

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine.affected import KeysByLookup, KeysFromRows, UntraceableKey, plan_affected
+from engine.analysis import unindexed_reads
+from engine.incremental import Read, gather_plan
 from engine.lineage import Column, Lineage
+from schema import demo
+from schema.catalog import Catalog
 
 ORDER_WITH_TIER = Lineage(
     inputs=("OrderRecord", "Customer"),
@@ -56,3 +62,29 @@ def test_a_key_from_an_input_not_joined_to_the_changed_one_is_refused():
     unjoined = Lineage(("A", "B"), {"k": Column("A", "k")}, (), None)
     with pytest.raises(UntraceableKey, match="no condition equates"):
         plan_affected("V", ["k"], unjoined, "B")
+
+
+def test_the_gather_plan_reads_the_driving_input_by_key_then_follows_the_joins():
+    plan = gather_plan("Order", ["order_id"], ORDER_WITH_TIER, ["OrderRecord", "Customer"])
+    assert plan == [Read("OrderRecord", "order_id"),
+                    Read("Customer", "customer_id", "OrderRecord", "customer_id")]
+    unjoined = Lineage(("A", "B"), {"k": Column("A", "k")}, (), None)
+    with pytest.raises(UntraceableKey, match="no join equality connects B to A"):
+        gather_plan("V", ["k"], unjoined, ["A", "B"])
+
+
+def test_validate_warns_about_a_read_redis_cannot_answer():
+    order = demo.CATALOG.views["Order"]
+    stats = demo.CATALOG.views["CustomerStats"]
+    # The demo indexes what its views over views read by: no warning.
+    assert unindexed_reads(order, ORDER_WITH_TIER, demo.CATALOG) == []
+    assert unindexed_reads(stats, STATS, demo.CATALOG) == []
+    # Without OrderRecord's index of customer_id, a tier change finds the customer's
+    # orders by scanning OrderRecord's Delta files.
+    record = demo.CATALOG.views["OrderRecord"]
+    unindexed = Catalog.of(demo.CATALOG.sources.values(), [
+        replace(record, indexes=tuple(i for i in record.indexes if i != "customer_id")),
+        *(v for n, v in demo.CATALOG.views.items() if n != "OrderRecord")])
+    [warning] = unindexed_reads(order, ORDER_WITH_TIER, unindexed)
+    assert warning.startswith("Order reads OrderRecord by customer_id")
+    assert "add 'customer_id' to OrderRecord's indexes" in warning

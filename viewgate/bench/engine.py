@@ -136,7 +136,9 @@ class _CommitTimings(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         timings = getattr(record, "timings", None)
         if timings is not None:
-            self.by_view.setdefault(record.view, {})[record.batch_id] = timings
+            # The Delta step logs apart (it may run while the next views compute).
+            self.by_view.setdefault(record.view, {}).setdefault(record.batch_id, {}).update(
+                timings)
 
 
 @contextlib.contextmanager
@@ -178,14 +180,14 @@ def profile(
     ]
     if any(state_commit):
         out["state_commit_ms"] = sum(state_commit) / len(batches)
-    steps = [commits[p["batchId"]] for p in batches if p["batchId"] in commits]
-    for step in ("redis_ms", "feed_ms", "delta_ms"):
+    commit_steps = ("redis_ms", "feed_ms", "delta_ms")
+    steps = [commits[p["batchId"]] for p in batches
+             if all(step in commits.get(p["batchId"], {}) for step in commit_steps)]
+    for step in commit_steps:
         if steps:
             out[step] = sum(s[step] for s in steps) / len(steps)
     if steps:
-        out["compute_ms"] = out["addBatch_ms"] - sum(
-            out[s] for s in ("redis_ms", "feed_ms", "delta_ms")
-        )
+        out["compute_ms"] = out["addBatch_ms"] - sum(out[s] for s in commit_steps)
     return {k: round(v, 1) for k, v in out.items()}
 
 
