@@ -27,7 +27,7 @@ from schema.catalog import View, graphql_fields
 _UTC = datetime.UTC
 
 
-def _iso_utc(value: datetime.datetime) -> str:
+def iso_utc(value: datetime.datetime) -> str:
     """ISO-8601 in UTC with a 'Z'. Naive datetimes are taken as UTC (Spark runs in UTC)."""
     if value.tzinfo is not None:
         value = value.astimezone(_UTC).replace(tzinfo=None)
@@ -36,7 +36,7 @@ def _iso_utc(value: datetime.datetime) -> str:
 
 def _json_default(value: Any) -> Any:
     if isinstance(value, datetime.datetime):
-        return _iso_utc(value)
+        return iso_utc(value)
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
@@ -45,7 +45,7 @@ def _json_default(value: Any) -> Any:
 
 
 # orjson writes datetimes itself (in Rust, several times faster than a default hook):
-# naive ones as UTC, UTC ones with a 'Z', the same text as _iso_utc for the UTC times
+# naive ones as UTC, UTC ones with a 'Z', the same text as iso_utc for the UTC times
 # Spark and our decoders produce. Decimals go through _json_default.
 _DUMPS_OPTIONS = orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z
 
