@@ -91,9 +91,12 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
         # queries whose generated code is new to the JIT; the optimising compiler spent
         # more than half the JVM's CPU recompiling it (its threads' CPU under demo load).
         # A loop of the graph's shape (collect, aggregate, join over local rows, 1,000
-        # rows/s) used 30% less JVM CPU and ran twice the batches with it.
+        # rows/s) used 30% less JVM CPU and ran twice the batches with it. Without tiers
+        # the JVM reserves 48 MiB for compiled code, which a long run filled ("CodeCache
+        # is full. Compiler has been disabled"): reserve what tiered compilation does.
         .config("spark.driver.extraJavaOptions",
-                "-Dlog4j2.level=WARN -Xrs -XX:TieredStopAtLevel=1")
+                "-Dlog4j2.level=WARN -Xrs -XX:TieredStopAtLevel=1 "
+                "-XX:ReservedCodeCacheSize=240m")
         # Checkpoints keep this many batches (offsets, commits, state versions), no more.
         # Python workers run this interpreter (the project's virtualenv), not whatever
         # `python3` comes first on PATH (PySpark reads PYSPARK_PYTHON, set below).

@@ -63,8 +63,12 @@ class DeltaSink:
         if self._table is None:
             self._table = DeltaTable(self.path)
             # The MERGE source: the table's columns and the delete flag (fixed per sink).
+            # Every column nullable: a deleted row carries only its `delete_on` columns,
+            # also where the table declares a column non-nullable (a view's `count(*)`).
             target = pa.schema(self._table.schema().to_arrow())
-            self._source_schema = target.append(pa.field(DELETED, pa.bool_(), nullable=False))
+            self._source_schema = pa.schema(
+                [field.with_nullable(True) for field in target]
+                + [pa.field(DELETED, pa.bool_(), nullable=False)])
         else:
             self._table.update_incremental()
         return self._table

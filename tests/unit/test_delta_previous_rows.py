@@ -77,3 +77,22 @@ def test_a_batch_without_rows_is_recorded_once(tmp_path):
     # The gateway reads that version (a query reported it from Redis) as of its batch id.
     rows, snapshot = DeltaStore(str(tmp_path)).read(view, as_of=AsOf(version=1))
     assert snapshot.batch == 1 and [r["order_count"] for r in rows] == [2]
+
+
+def test_a_row_is_deleted_from_a_table_with_non_nullable_columns(tmp_path):
+    # A view over views whose group disappears (every order of a customer cancelled):
+    # CustomerStats declares count(*) non-nullable, and the deleted row carries its key only.
+    view = demo.CATALOG.views["CustomerStats"]
+    schema = pa.schema([pa.field("customer_id", pa.string(), nullable=False),
+                        pa.field("order_count", pa.int64(), nullable=False),
+                        pa.field("total_spent", pa.float64())])
+    path = str(tmp_path / "CustomerStats")
+    write_deltalake(path, pa.Table.from_pylist([], schema=schema))
+    sink = DeltaSink(path, view, delta_app_id(view.name, 0))
+    assert sink.merge(0, [{"customer_id": "C1", "order_count": 2, "total_spent": 5.0},
+                          {"customer_id": "C2", "order_count": 1, "total_spent": 1.0}],
+                      [], view.key, metadata={"batch_id": 0})
+    assert sink.merge(1, [{"customer_id": "C2", "order_count": 2, "total_spent": 3.0}],
+                      [{"customer_id": "C1"}], view.key, metadata={"batch_id": 1})
+    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    assert rows == [{"customer_id": "C2", "order_count": 2, "total_spent": 3.0}]
