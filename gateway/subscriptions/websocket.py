@@ -11,6 +11,7 @@ messages faster than `gateway_ws_messages_per_s` (after its burst) is closed wit
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -51,6 +52,8 @@ async def parse_errors_as_results(source: AsyncGenerator[Any, None]) -> AsyncGen
     finally:
         await source.aclose()
 
+
+SHARED_TEXT_CHARS = 10_000  # longer documents are rare and not shared
 
 # What a text frame that is not JSON decodes to (GraphQLWebSocket.decode_json): the legacy
 # handler would otherwise drop it without a word; both handlers answer it below.
@@ -244,6 +247,7 @@ class GraphQLWebSocket(GraphQL):
         self.admission = admission or Admission(0, None)
         self.message_rate = (settings.gateway_ws_messages_per_s,
                              settings.gateway_ws_messages_burst)
+        self.open_connections = 0  # websockets this process holds now (/subscriptions)
         super().__init__(
             schema,
             graphql_ide=None,
@@ -258,16 +262,26 @@ class GraphQLWebSocket(GraphQL):
             await super().__call__(scope, receive, send)
             return
         WEBSOCKETS.inc()
+        self.open_connections += 1
         try:
             await super().__call__(scope, receive, send)
         finally:
+            self.open_connections -= 1
             WEBSOCKETS.dec()
 
     def decode_json(self, data: str | bytes) -> object:
         try:
-            return orjson.loads(data)
+            message = orjson.loads(data)
         except orjson.JSONDecodeError:
             return NOT_JSON
+        # Every operation keeps its document's text while it runs, and thousands of tabs
+        # send the same few documents: they share one copy.
+        payload = message.get("payload") if isinstance(message, dict) else None
+        if isinstance(payload, dict):
+            query = payload.get("query")
+            if isinstance(query, str) and len(query) <= SHARED_TEXT_CHARS:
+                payload["query"] = sys.intern(query)
+        return message
 
     def encode_json(self, data: object) -> str:
         # orjson, as for HTTP answers; text frames, which every client reads.
