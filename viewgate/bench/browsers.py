@@ -344,4 +344,5 @@ GROUP = Group(
     description="10,000 browser tabs on one gateway process: fan-out, memory, idle, churn",
     figures=FIGURES,
     run=run,
+    by_default=False,  # about 5 minutes of its own: `--only browsers`
 )

@@ -61,6 +61,8 @@ class Group:
     description: str
     figures: tuple[Figure, ...]
     run: Callable[[BenchContext], GroupResult]
+    # Run without --only (quick and full modes); the rest run only when named.
+    by_default: bool = True
 
 
 @dataclass

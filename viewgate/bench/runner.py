@@ -108,7 +108,7 @@ def all_groups() -> dict[str, Group]:
 def select_groups(only: Sequence[str] | None) -> list[Group]:
     groups = all_groups()
     if not only:
-        return list(groups.values())
+        return [g for g in groups.values() if g.by_default]
     unknown = [name for name in only if name not in groups]
     if unknown:
         raise BenchError(

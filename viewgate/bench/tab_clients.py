@@ -29,7 +29,8 @@ PROTOCOL = "graphql-transport-ws"
 VALUE = ("subscription V($id: String!) "
          "{ customer(customerId: $id) { op version row { name tier } } }")
 CHANGES = ("subscription C($ids: [String!]!) "
-           "{ customerChanges(where: {customerId: {in: $ids}}) { op key version cursor } }")
+           "{ customerChanges(where: {customerId: {in: $ids}}) "
+           "{ op key version cursor row { name } } }")
 LIST = ("subscription L($id: String!) { orders(where: {customerId: {eq: $id}}, first: 5) "
         "{ totalCount edges { node { orderId status amount } } } }")
 KINDS = ("v", "c", "l")
