@@ -49,7 +49,7 @@ TAB_PROCESSES = 4  # client processes holding the tabs
 CHURN_PROCESSES = 2  # client processes opening and closing tabs
 CHURN_RATE = 200.0  # new tabs a second during the churn
 CHURN_HOLD_S = 1.0  # how long a churning tab stays after its first messages
-OPEN_RATE = 400.0  # new tabs a second while opening (all processes together)
+OPEN_RATE = 200.0  # new tabs a second while opening (all processes together)
 TAB_PING_S = 20.0  # a tab's graphql-transport-ws keep-alive ping
 IDLE_S = 20.0  # the idle window
 TRAFFIC_RATE = 20.0  # demo events a second while tabs are open
@@ -229,7 +229,10 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             workers_started += churners
             time.sleep(churn_s / 2)
             produced_churn = _rename(settings, catalog, rows[hot], markers[1])
-            _wait([r[1] for r in reached], 120, "the change to every tab during the churn")
+            # Counted below: without copies (the engine stopped, say) the figure is None.
+            deadline = time.monotonic() + 120
+            for event in (r[1] for r in reached):
+                event.wait(max(0.0, deadline - time.monotonic()))
             churned = [w.result(timeout_s=churn_s + 120) for w in churners]
             traffic.stop()
             after: dict[str, Any] = {}
@@ -248,20 +251,23 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             stop.set()
             for worker in workers_started:
                 worker.stop()
+    # A tab that failed (refused, or closed by the gateway) is counted and reported, with
+    # what the gateway logged: the figures are those of the tabs that stayed.
     failures = sum(h["failures"] for h in held)
-    if failures:
-        raise BenchError(f"{failures} tabs failed: {[h['failed'] for h in held]}")
     copies = [t for h in held for t in h["arrivals"][markers[0]]["v"]]
     changes = [t for h in held for t in h["arrivals"][markers[0]]["c"]]
     churn_copies = [t for h in held for t in h["arrivals"][markers[1]]["v"]]
-    if len(copies) < tabs or len(changes) < tabs:
+    if not copies or len(copies) < tabs - failures or len(changes) < tabs - failures:
         raise BenchError(f"{len(copies):,} live values and {len(changes):,} change streams "
-                         f"of {tabs:,} tabs got the change")
+                         f"of {tabs - failures:,} tabs got the change")
     opened = sum(sum(h["firsts"].values()) for h in held)
     completed = sum(c["completed"] for c in churned)
     churn_failures = sum(c["failures"] for c in churned)
     first_ms = sorted(t for c in churned for t in c["first_ms"])
     out.update({
+        "ws_tab_failures": failures,
+        "ws_tab_failed": [f for h in held for f in h["failed"]][:5],
+        "ws_gateway_log": _log_excerpt(gateway.process.log_path),
         "ws_gateway_workers": workers,
         "ws_connections_open": sum(h["firsts"]["v"] for h in held),
         "ws_subscriptions_open": opened,
@@ -281,8 +287,10 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
         "ws_churn_first_messages_ms": {
             "p50": round(first_ms[len(first_ms) // 2], 1) if first_ms else None,
             "p99": round(first_ms[int(len(first_ms) * 0.99)], 1) if first_ms else None},
-        "ws_fanout_churn_s": _spread(churn_copies),
-        "ws_fanout_churn_from_event_s": round((max(churn_copies) - produced_churn) / 1000, 3),
+        "ws_fanout_churn_s": _spread(churn_copies) if churn_copies else None,
+        "ws_fanout_churn_copies": len(churn_copies),
+        "ws_fanout_churn_from_event_s": round((max(churn_copies) - produced_churn) / 1000, 3)
+        if churn_copies else None,
         "ws_churn_rss_growth_kb": rss_churn1 - rss_churn0,
         "ws_generator_cpu": round(max(client_cpu) / open_s, 3),
         "ws_generator_cpu_all": [round(c / open_s, 3) for c in client_cpu],
@@ -293,6 +301,15 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
         out["ws_churn_tasks_left"] = after["tasks"] - before["tasks"]
         out["ws_tasks"] = {"before_churn": before["tasks"], "after_churn": after["tasks"]}
     return out
+
+
+def _log_excerpt(path: Path, lines: int = 8) -> list[str]:
+    """The gateway log's last warnings and errors (uvicorn logs at warning level)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line[:300] for line in text if line.strip()][-lines:]
 
 
 def _hold(*args: Any) -> dict[str, Any]:
