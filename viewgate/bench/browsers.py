@@ -54,6 +54,7 @@ TAB_PING_S = 20.0  # a tab's graphql-transport-ws keep-alive ping
 IDLE_S = 20.0  # the idle window
 TRAFFIC_RATE = 20.0  # demo events a second while tabs are open
 TAB_COMPRESSION = "deflate"  # what the tabs offer, as browsers do
+MAX_CONNECTIONS = 30_000  # the gateway's VIEWGATE_GATEWAY_MAX_CONNECTIONS in this group
 
 FIGURES = (
     Figure("ws_connections_open", "websockets held by one gateway process, all answered"),
@@ -99,13 +100,16 @@ class Gateway:
     def __init__(self, settings: Settings, log_dir: Path, workers: int) -> None:
         self.port = free_port()
         self.workers = workers
+        # 10,000 tabs and the churn's on top: uvicorn's limit_concurrency counts every
+        # websocket (its task) for as long as it is open, and past the limit refuses new
+        # connections and requests (503). The default, 10,000, would refuse the last tabs.
+        settings = settings.model_copy(update={"gateway_max_connections": MAX_CONNECTIONS})
         args = uvicorn_args("gateway.app:create_app", self.port, settings)
         args[args.index("--workers") + 1] = str(workers)
         self.process = ManagedProcess(
             "gateway", args, log_dir / "gateway.log",
             env={**settings_env(settings), **LIMITS_OFF,
-                 # 10,000 tabs, the churn's and the bench's requests on top
-                 "VIEWGATE_GATEWAY_MAX_CONNECTIONS": "30000"})
+                 "VIEWGATE_GATEWAY_MAX_CONNECTIONS": str(MAX_CONNECTIONS)})
 
     @property
     def url(self) -> str:
