@@ -19,6 +19,7 @@ import orjson
 from graphql import GraphQLError
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
+from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
@@ -79,10 +80,23 @@ class MessageRate:
         return self._starts
 
     async def send_message(self, message: Any) -> None:
-        await super().send_message(message)  # type: ignore[misc]
+        try:
+            await super().send_message(message)  # type: ignore[misc]
+        except RuntimeError as exc:
+            # uvicorn's sans-I/O websocket refuses a send once the closing handshake has
+            # begun (a tab closed while a message was on its way): the client is gone, as
+            # for a disconnect, not a failure of ours.
+            if "close" not in str(exc):
+                raise
+            raise WebSocketDisconnected from None
         op = message.get("id") if isinstance(message, dict) else None
         if op is not None:  # an operation's first message settles its start
             self.starts.settle(op)
+
+    async def handle_task_exception(self, error: Exception) -> None:
+        if isinstance(error, WebSocketDisconnected):
+            return  # the client left while its operation was sending: nothing to report
+        await super().handle_task_exception(error)  # type: ignore[misc]
 
     async def start_operation(self, op: str, run: Callable[[], Awaitable[None]],
                               task_of: Callable[[], asyncio.Task | None]) -> None:

@@ -119,3 +119,32 @@ def test_the_browsers_group_runs_when_named() -> None:
     assert {"ws_connections_open", "ws_subscriptions_open", "ws_fanout_10k_connections_s",
             "ws_rss_kb_per_subscription", "ws_churn_per_s", "ws_idle_cpu_share",
             "ws_generator_cpu"} <= keys
+
+
+class _ClosingSocket:
+    """A websocket whose send fails as uvicorn's sans-I/O implementation does once the
+    closing handshake has begun."""
+
+    async def send_json(self, message: object) -> None:
+        raise RuntimeError("Unexpected ASGI message 'websocket.send', after sending "
+                           "'websocket.close'.")
+
+
+def test_a_send_racing_a_closing_tab_is_a_disconnect_not_an_error(caplog) -> None:
+    from datetime import timedelta
+
+    from strawberry.http.exceptions import WebSocketDisconnected
+
+    from gateway.subscriptions.websocket import TransportWSHandler
+
+    handler = TransportWSHandler(None, _ClosingSocket(), None, None, None,
+                                 timedelta(seconds=1))
+
+    async def main() -> None:
+        with pytest.raises(WebSocketDisconnected):
+            await handler.send_message({"id": "1", "type": "next", "payload": {}})
+        await handler.handle_task_exception(WebSocketDisconnected())  # not logged
+        await handler.handle_task_exception(ValueError("a bug"))  # logged
+    with caplog.at_level("ERROR", logger="strawberry.ws.task"):
+        asyncio.run(main())
+    assert [r.exc_info[1].__class__ for r in caplog.records] == [ValueError]
