@@ -84,12 +84,18 @@ def _rss_kb(pids: list[int]) -> int:
     return total
 
 
-def _children(pid: int) -> list[int]:
-    tasks = Path(f"/proc/{pid}/task")
+def _workers(pid: int) -> list[int]:
+    """uvicorn's worker processes under its supervisor `pid` (not multiprocessing's
+    resource tracker, also a child of it)."""
     out: list[int] = []
-    for task in tasks.iterdir():
-        text = (task / "children").read_text().split()
-        out += [int(p) for p in text]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"resource_tracker" not in cmdline:
+                out.append(int(child))
     return out
 
 
@@ -119,7 +125,7 @@ class Gateway:
         """The processes serving (uvicorn's workers, or uvicorn itself)."""
         if self.workers == 1:
             return [self.process.pid]
-        return _children(self.process.pid)
+        return _workers(self.process.pid)
 
     def stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/subscriptions",
