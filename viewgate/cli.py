@@ -63,12 +63,13 @@ def gateway(
 
     from gateway.access.persisted import ManifestError
     from gateway.app import create_app
-    from viewgate.serving import uvicorn_options
+    from viewgate.serving import WORKER_HEALTHCHECK_S, uvicorn_options
 
     settings = get_settings()
     if workers > 1:  # each worker builds its own app from the same settings
         uvicorn.run("gateway.app:create_app", factory=True, workers=workers,
                     host=settings.gateway_host, port=settings.gateway_port,
+                    timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
                     **uvicorn_options(settings))
         return
     try:

@@ -21,6 +21,13 @@ MAX_HEAD_BYTES = 64 * 1024
 WEBSOCKETS = "websockets-sansio"
 
 
+# With several workers, uvicorn's supervisor asks each worker for a sign of life and kills
+# (then replaces) one that does not answer within --timeout-worker-healthcheck, 5 s by
+# default: a worker busy with thousands of websockets opening at once on a loaded machine
+# missed it, and its websockets were all lost. A worker that truly hangs is still replaced.
+WORKER_HEALTHCHECK_S = 60
+
+
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "ws": WEBSOCKETS,

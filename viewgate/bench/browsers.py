@@ -42,6 +42,7 @@ from viewgate.bench.load import cpu_seconds
 from viewgate.bench.report import Figure
 from viewgate.bench.servers import LIMITS_OFF, settings_env, uvicorn_args
 from viewgate.bench.workers import Worker, new_event, produce_paced
+from viewgate.serving import WORKER_HEALTHCHECK_S
 from viewgate.stack.process import ManagedProcess, free_port, wait_until
 
 TOPIC_PREFIX = "bench-browsers"
@@ -112,6 +113,8 @@ class Gateway:
         settings = settings.model_copy(update={"gateway_max_connections": MAX_CONNECTIONS})
         args = uvicorn_args("gateway.app:create_app", self.port, settings)
         args[args.index("--workers") + 1] = str(workers)
+        if workers > 1:  # as `viewgate gateway --workers N` runs them
+            args += ["--timeout-worker-healthcheck", str(WORKER_HEALTHCHECK_S)]
         self.process = ManagedProcess(
             "gateway", args, log_dir / "gateway.log",
             env={**settings_env(settings), **LIMITS_OFF,
