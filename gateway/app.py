@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -139,8 +141,14 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
             return unauthorized(exc, "application/json")
         return PlainTextResponse(access.sdl(principal), media_type="application/graphql")
 
+    websockets = GraphQLWebSocket(schema, settings, access, Admission(
+        settings.gateway_max_subscriptions_per_client, persisted))
+
     async def subscriptions(_: Request) -> JSONResponse:
-        return JSONResponse(fanout.report())
+        # Open websockets and the event loop's tasks: what a connection or subscription
+        # left behind after it closed shows here (the browsers bench's churn check).
+        return JSONResponse({**fanout.report(), "websockets": websockets.open_connections,
+                             "tasks": len(asyncio.all_tasks()), "pid": os.getpid()})
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -161,8 +169,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     app = Starlette(
         routes=[
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
-            WebSocketRoute("/graphql", GraphQLWebSocket(schema, settings, access, Admission(
-                settings.gateway_max_subscriptions_per_client, persisted))),
+            WebSocketRoute("/graphql", websockets),
             Route("/subscriptions", subscriptions),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),

@@ -53,15 +53,25 @@ def up() -> None:
 
 
 @app.command()
-def gateway() -> None:
+def gateway(
+    workers: int = typer.Option(1, "--workers", min=1, help="Gateway processes behind the "
+                                "one port (uvicorn workers): each reads the change feed and "
+                                "serves its own subscribers."),
+) -> None:
     """Serve GraphQL (uvicorn) with the current settings."""
     import uvicorn
 
     from gateway.access.persisted import ManifestError
     from gateway.app import create_app
-    from viewgate.serving import uvicorn_options
+    from viewgate.serving import WORKER_HEALTHCHECK_S, uvicorn_options
 
     settings = get_settings()
+    if workers > 1:  # each worker builds its own app from the same settings
+        uvicorn.run("gateway.app:create_app", factory=True, workers=workers,
+                    host=settings.gateway_host, port=settings.gateway_port,
+                    timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
+                    **uvicorn_options(settings))
+        return
     try:
         app = create_app(settings)
     except ManifestError as error:  # VIEWGATE_GATEWAY_PERSISTED_MANIFEST cannot be used

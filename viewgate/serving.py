@@ -13,8 +13,24 @@ from schema.settings import Settings
 MAX_HEAD_BYTES = 64 * 1024
 
 
+# uvicorn's websocket implementation on the `websockets` library's sans-I/O protocol: its
+# keep-alive pings are timers, not tasks, and a connection holds no task of its own beside
+# the application's. The legacy `websockets` implementation (uvicorn's "auto" choice) runs
+# three tasks per connection (reading, keep-alive, closing): measured at 10,000 tabs it held
+# more memory per connection than the three subscriptions it carried (docs/benchmarks.md).
+WEBSOCKETS = "websockets-sansio"
+
+
+# With several workers, uvicorn's supervisor asks each worker for a sign of life and kills
+# (then replaces) one that does not answer within --timeout-worker-healthcheck, 5 s by
+# default: a worker busy with thousands of websockets opening at once on a loaded machine
+# missed it, and its websockets were all lost. A worker that truly hangs is still replaced.
+WORKER_HEALTHCHECK_S = 60
+
+
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
+        "ws": WEBSOCKETS,
         # A bigger websocket message closes its connection (1009) unread.
         "ws_max_size": settings.gateway_max_body_bytes,
         # Past this many connections and requests in flight, new requests get 503.

@@ -34,8 +34,9 @@ def share_key(executor: Any) -> tuple | None:
     operation = executor.operation
     if operation.loc is None:
         return None
+    # A str: orjson's bytes keep their 4 KiB output buffer, held here per subscription.
     variables = orjson.dumps(executor.variable_values.coerced, default=repr,
-                             option=orjson.OPT_SORT_KEYS)
+                             option=orjson.OPT_SORT_KEYS).decode()
     scope = getattr(executor.context_value, "share_scope", None)
     name = operation.name.value if operation.name else None
     return id(executor.schema), operation.loc.source.body, name, variables, scope

@@ -44,54 +44,80 @@ def touches(event: ChangeEvent, conditions: Sequence[Condition],
     return relative_op(event, conditions, fields) is not None
 
 
-def filter_key(conditions: Sequence[Condition], *extra: Any) -> bytes:
-    """The same filter (in any order, `in` values in any order) gives the same key."""
+def filter_key(conditions: Sequence[Condition], *extra: Any) -> str:
+    """The same filter (in any order, `in` values in any order) gives the same key.
+    (A str: orjson's bytes keep their 4 KiB output buffer, and every subscriber's
+    unregistering closure holds its key.)"""
     def value(c: Condition) -> Any:
         return sorted(map(str, c.value)) if c.op == "in" else str(c.value)
     normal = sorted([c.field, c.op, value(c)] for c in conditions)
-    return orjson.dumps([normal, *extra], default=str)
+    return orjson.dumps([normal, *extra], default=str).decode()
+
+
+def _nothing() -> None:
+    pass
 
 
 class Subscriber:
     """One subscription's outbox: at most `limit` messages wait for the client; one more
     and it overflows (the gateway closes the client's websocket), so a slow client never
-    holds more than that and never slows anyone else down."""
+    holds more than that and never slows anyone else down.
+
+    Tens of thousands are held at once, most of them idle: the queue exists only while
+    messages wait, and a waiting `get` holds one future (an asyncio.Event and a deque
+    each cost more than the rest of the subscriber)."""
+
+    __slots__ = ("failure", "limit", "on_overflow", "queue", "unregister", "_waiter")
 
     def __init__(self, limit: int, on_overflow: Callable[[Subscriber], None]) -> None:
         self.limit = limit
         self.on_overflow = on_overflow
-        self.queue: deque[Any] = deque()
-        self.wakeup = asyncio.Event()
+        self.queue: deque[Any] | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self.failure: BaseException | None = None
-        self.unregister: Callable[[], None] = lambda: None
+        self.unregister: Callable[[], None] = _nothing
 
     def put(self, item: Any) -> None:
         if self.failure is not None:
             return
-        if len(self.queue) >= self.limit:
-            self.queue.clear()
+        if self.queue is None:
+            self.queue = deque()
+        elif len(self.queue) >= self.limit:
+            self.queue = None
             self.fail(Overflow(f"more than {self.limit} messages waited for this client "
                                "(gateway_subscription_buffer)"))
             self.on_overflow(self)
             return
         self.queue.append(item)
-        self.wakeup.set()
+        self._wake()
 
     def fail(self, error: BaseException) -> None:
         """End the subscription with `error` once the messages before it are read."""
         if self.failure is None:
             self.failure = error
             self.unregister()
-        self.wakeup.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def get(self) -> Any:
         while not self.queue:
             if self.failure is not None:
                 raise self.failure
             settle_current()  # waiting for live changes: this subscription has started
-            self.wakeup.clear()
-            await self.wakeup.wait()
-        return self.queue.popleft()
+            self.queue = None  # an empty deque still holds a block of 64 slots
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self.queue.popleft()
+        if not self.queue:
+            self.queue = None
+        return item
 
 
 class LiveQuery(Protocol):
@@ -113,8 +139,8 @@ class FilterGroup:
 @dataclass
 class ViewIndex:
     by_key: dict[str, set[Subscriber]] = field(default_factory=dict)
-    filters: dict[bytes, FilterGroup] = field(default_factory=dict)
-    lists: dict[bytes, LiveQuery] = field(default_factory=dict)
+    filters: dict[str, FilterGroup] = field(default_factory=dict)
+    lists: dict[str, LiveQuery] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return sum(map(len, self.by_key.values())) + sum(

@@ -372,7 +372,7 @@ class Subscriptions:
                          "whenever a change alters it. Subscribers with the same arguments "
                          "share one evaluation."))
 
-    def _live_list(self, vt: ViewTypes, key: bytes, conditions: list[Condition],
+    def _live_list(self, vt: ViewTypes, key: str, conditions: list[Condition],
                    kwargs: dict[str, Any], scope: RowScope | None) -> LiveList:
         lists = self.fanout.index.views[vt.view.name].lists
 

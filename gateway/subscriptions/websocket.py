@@ -11,6 +11,7 @@ messages faster than `gateway_ws_messages_per_s` (after its burst) is closed wit
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ import orjson
 from graphql import GraphQLError
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
+from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
@@ -52,6 +54,8 @@ async def parse_errors_as_results(source: AsyncGenerator[Any, None]) -> AsyncGen
         await source.aclose()
 
 
+SHARED_TEXT_CHARS = 10_000  # longer documents are rare and not shared
+
 # What a text frame that is not JSON decodes to (GraphQLWebSocket.decode_json): the legacy
 # handler would otherwise drop it without a word; both handlers answer it below.
 NOT_JSON = object()
@@ -76,10 +80,23 @@ class MessageRate:
         return self._starts
 
     async def send_message(self, message: Any) -> None:
-        await super().send_message(message)  # type: ignore[misc]
+        try:
+            await super().send_message(message)  # type: ignore[misc]
+        except RuntimeError as exc:
+            # uvicorn's sans-I/O websocket refuses a send once the closing handshake has
+            # begun (a tab closed while a message was on its way): the client is gone, as
+            # for a disconnect, not a failure of ours.
+            if "close" not in str(exc):
+                raise
+            raise WebSocketDisconnected from None
         op = message.get("id") if isinstance(message, dict) else None
         if op is not None:  # an operation's first message settles its start
             self.starts.settle(op)
+
+    async def handle_task_exception(self, error: Exception) -> None:
+        if isinstance(error, WebSocketDisconnected):
+            return  # the client left while its operation was sending: nothing to report
+        await super().handle_task_exception(error)  # type: ignore[misc]
 
     async def start_operation(self, op: str, run: Callable[[], Awaitable[None]],
                               task_of: Callable[[], asyncio.Task | None]) -> None:
@@ -244,6 +261,7 @@ class GraphQLWebSocket(GraphQL):
         self.admission = admission or Admission(0, None)
         self.message_rate = (settings.gateway_ws_messages_per_s,
                              settings.gateway_ws_messages_burst)
+        self.open_connections = 0  # websockets this process holds now (/subscriptions)
         super().__init__(
             schema,
             graphql_ide=None,
@@ -258,16 +276,26 @@ class GraphQLWebSocket(GraphQL):
             await super().__call__(scope, receive, send)
             return
         WEBSOCKETS.inc()
+        self.open_connections += 1
         try:
             await super().__call__(scope, receive, send)
         finally:
+            self.open_connections -= 1
             WEBSOCKETS.dec()
 
     def decode_json(self, data: str | bytes) -> object:
         try:
-            return orjson.loads(data)
+            message = orjson.loads(data)
         except orjson.JSONDecodeError:
             return NOT_JSON
+        # Every operation keeps its document's text while it runs, and thousands of tabs
+        # send the same few documents: they share one copy.
+        payload = message.get("payload") if isinstance(message, dict) else None
+        if isinstance(payload, dict):
+            query = payload.get("query")
+            if isinstance(query, str) and len(query) <= SHARED_TEXT_CHARS:
+                payload["query"] = sys.intern(query)
+        return message
 
     def encode_json(self, data: object) -> str:
         # orjson, as for HTTP answers; text frames, which every client reads.

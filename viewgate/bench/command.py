@@ -15,7 +15,7 @@ def bench(
     full: bool = typer.Option(False, "--full", help="Full mode: longer runs, under 15 min."),
     only: str = typer.Option(
         None, "--only", help="Comma-separated groups to run (default: all): engine, gateway, "
-        "subscriptions, storage."
+        "subscriptions, storage, browsers."
     ),
     out: Path = OutOption,
     engine_events: int = typer.Option(None, help="Order events per throughput run."),
@@ -29,6 +29,11 @@ def bench(
     gateway_latency_seconds: float = typer.Option(None, help="Seconds of each fixed-rate run."),
     fanout: int = typer.Option(None, help="Live subscriptions one change is fanned out to."),
     fanout_connections: int = typer.Option(None, help="Websockets holding them."),
+    browser_tabs: int = typer.Option(None, help="Browsers group: tabs (websockets with 3 "
+                                     "subscriptions each) one gateway holds."),
+    browser_churn_seconds: float = typer.Option(None, help="Browsers group: seconds of churn."),
+    browser_workers: int = typer.Option(None, help="Browsers group: uvicorn workers of the "
+                                        "gateway (figures of more than one get a _wN suffix)."),
     soak: bool = typer.Option(False, "--soak", help="Instead of the groups: the soak, at "
                               "half the measured capacity with subscriptions open, into "
                               "<out>/soak.json and soak.png."),
@@ -66,6 +71,9 @@ def bench(
         "gateway_latency_s": gateway_latency_seconds,
         "fanout": fanout,
         "fanout_connections": fanout_connections,
+        "browser_tabs": browser_tabs,
+        "browser_churn_s": browser_churn_seconds,
+        "browser_workers": browser_workers,
     }
     groups = [g.strip() for g in only.split(",") if g.strip()] if only else None
     try:

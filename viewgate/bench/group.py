@@ -40,6 +40,9 @@ class Sizes:
     storage_rows_small: int  # rows of the storage group's small table (the large: 100x)
     storage_batches: int  # demo-shaped batches the storage group times on each table
     engine_restarts: int = 3  # SIGKILLs and restarts of the engine the engine group times
+    browser_tabs: int = 10_000  # the browsers group's tabs (a websocket, 3 subscriptions)
+    browser_churn_s: float = 60.0  # how long tabs come and go in the browsers group
+    browser_workers: int = 1  # uvicorn workers of the browsers group's gateway
 
 
 class BenchError(RuntimeError):
@@ -58,6 +61,8 @@ class Group:
     description: str
     figures: tuple[Figure, ...]
     run: Callable[[BenchContext], GroupResult]
+    # Run without --only (quick and full modes); the rest run only when named.
+    by_default: bool = True
 
 
 @dataclass

@@ -99,16 +99,16 @@ def run_in_child(name: str, settings: Settings, sizes: Sizes, workdir: Path) -> 
 
 
 def all_groups() -> dict[str, Group]:
-    from viewgate.bench import engine, gateway, storage, subscriptions
+    from viewgate.bench import browsers, engine, gateway, storage, subscriptions
 
     return {g.name: g for g in (engine.GROUP, gateway.GROUP, subscriptions.GROUP,
-                                storage.GROUP)}
+                                storage.GROUP, browsers.GROUP)}
 
 
 def select_groups(only: Sequence[str] | None) -> list[Group]:
     groups = all_groups()
     if not only:
-        return list(groups.values())
+        return [g for g in groups.values() if g.by_default]
     unknown = [name for name in only if name not in groups]
     if unknown:
         raise BenchError(

@@ -1,0 +1,387 @@
+"""The browsers group: one gateway process holding 10,000 browser tabs, each a websocket of
+its own with three subscriptions, while tabs come and go.
+
+Everything runs live, as in the subscriptions group: the demo views in the engine (Spark in
+this group's process), demo traffic from a producer process, the gateway as `viewgate
+gateway` serves it (`browser_workers` uvicorn workers, one by default), and the tabs
+(viewgate.bench.tab_clients) spread over `TAB_PROCESSES` client processes. Each tab
+watches the live value of one hot customer, the changes of the hot customer and of a
+customer of its own, and a live page of its own customer's orders.
+
+Phases, in one run:
+1. Open: the tabs open (paced), and each gets its live value's and its list's first
+   message. `ws_rss_kb_per_subscription` is the gateway's resident memory growth over the
+   subscriptions opened (connections included).
+2. Fan-out: the hot customer is renamed through Kafka; every tab's live value and change
+   stream receive it. `ws_fanout_10k_connections_s` is first to last copy of the live
+   values (every tab), `fanout_from_event_s` produced -> last copy.
+3. Idle: demo traffic stops; the gateway's CPU share while the tabs only keep alive
+   (uvicorn's websocket pings every `ws_ping_interval` s, the tabs' graphql-transport-ws
+   `ping` every `TAB_PING_S` s).
+4. Churn: demo traffic again, and `CHURN_RATE` new tabs a second for `browser_churn_s`,
+   each subscribing, receiving its first messages, then closing. The hot customer is
+   renamed again in the middle (`ws_fanout_churn_s`). Afterwards the gateway must hold
+   as many websockets, subscriptions and tasks as before, and memory not grow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from schema import demo
+from schema.settings import Settings
+from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
+from viewgate.bench.load import cpu_seconds
+from viewgate.bench.report import Figure
+from viewgate.bench.servers import LIMITS_OFF, settings_env, uvicorn_args
+from viewgate.bench.workers import Worker, new_event, produce_paced
+from viewgate.serving import WORKER_HEALTHCHECK_S
+from viewgate.stack.process import ManagedProcess, free_port, wait_until
+
+TOPIC_PREFIX = "bench-browsers"
+TAB_PROCESSES = 4  # client processes holding the tabs
+CHURN_PROCESSES = 2  # client processes opening and closing tabs
+CHURN_RATE = 200.0  # new tabs a second during the churn
+CHURN_HOLD_S = 1.0  # how long a churning tab stays after its first messages
+OPEN_RATE = 200.0  # new tabs a second while opening (all processes together)
+TAB_PING_S = 20.0  # a tab's graphql-transport-ws keep-alive ping
+IDLE_S = 20.0  # the idle window
+TRAFFIC_RATE = 20.0  # demo events a second while tabs are open
+TAB_COMPRESSION = "deflate"  # what the tabs offer, as browsers do
+MAX_CONNECTIONS = 30_000  # the gateway's VIEWGATE_GATEWAY_MAX_CONNECTIONS in this group
+
+FIGURES = (
+    Figure("ws_connections_open", "websockets held by one gateway process, all answered"),
+    Figure("ws_subscriptions_open", "their subscriptions, each with a message", ""),
+    Figure("ws_fanout_10k_connections_s", "one change to every tab, first to last copy", "s",
+           below=1),
+    Figure("ws_fanout_from_event_s", "the same change, produced -> last copy", "s", below=2),
+    Figure("ws_rss_kb_per_subscription", "gateway memory per subscription (tabs included)",
+           "KiB", below=12),
+    Figure("ws_idle_cpu_share", "idle tabs' keep-alive: gateway CPU share", "cores",
+           below=0.1),
+    Figure("ws_churn_per_s", "tabs opened, subscribed and closed a second", "",
+           at_least=200),
+    Figure("ws_fanout_churn_s", "one change to every tab during the churn", "s", below=1),
+    Figure("ws_churn_rss_growth_kb", "gateway memory after the churn, against before", "KiB"),
+    Figure("ws_churn_tasks_left", "gateway tasks after the churn, against before", ""),
+    Figure("ws_generator_cpu", "busiest client process's CPU while opening", "cores"),
+)
+
+
+def _rss_kb(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total
+
+
+def _workers(pid: int) -> list[int]:
+    """uvicorn's worker processes under its supervisor `pid` (not multiprocessing's
+    resource tracker, also a child of it)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"resource_tracker" not in cmdline:
+                out.append(int(child))
+    return out
+
+
+class Gateway:
+    """The gateway under test: uvicorn with `workers` processes behind one port. With
+    one, the process serving is uvicorn's own; with more, its workers (children)."""
+
+    def __init__(self, settings: Settings, log_dir: Path, workers: int) -> None:
+        self.port = free_port()
+        self.workers = workers
+        # 10,000 tabs and the churn's on top: uvicorn's limit_concurrency counts every
+        # websocket (its task) for as long as it is open, and past the limit refuses new
+        # connections and requests (503). The default, 10,000, would refuse the last tabs.
+        settings = settings.model_copy(update={"gateway_max_connections": MAX_CONNECTIONS})
+        args = uvicorn_args("gateway.app:create_app", self.port, settings)
+        args[args.index("--workers") + 1] = str(workers)
+        if workers > 1:  # as `viewgate gateway --workers N` runs them
+            args += ["--timeout-worker-healthcheck", str(WORKER_HEALTHCHECK_S)]
+        self.process = ManagedProcess(
+            "gateway", args, log_dir / "gateway.log",
+            env={**settings_env(settings), **LIMITS_OFF,
+                 "VIEWGATE_GATEWAY_MAX_CONNECTIONS": str(MAX_CONNECTIONS)})
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/graphql"
+
+    def pids(self) -> list[int]:
+        """The processes serving (uvicorn's workers, or uvicorn itself)."""
+        if self.workers == 1:
+            return [self.process.pid]
+        return _workers(self.process.pid)
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/subscriptions",
+                                    timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def cpu(self) -> float:
+        return sum(cpu_seconds(pid) for pid in self.pids())
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Gateway]:
+        self.process.start()
+        try:
+            def up() -> bool:
+                try:
+                    stats = self.stats()
+                except OSError:
+                    return False
+                return bool(stats["feedReady"]) and len(self.pids()) == self.workers
+            wait_until(up, timeout_s=120, what="the gateway (uvicorn)",
+                       alive=self.process.alive, log=self.process.log_path)
+            yield self
+        finally:
+            self.process.stop()
+
+
+def _spread(values: list[float]) -> float:
+    return round((max(values) - min(values)) / 1000, 4)
+
+
+def _wait(events: list[Any], deadline_s: float, what: str) -> None:
+    deadline = time.monotonic() + deadline_s
+    for event in events:
+        if not event.wait(max(0.0, deadline - time.monotonic())):
+            raise BenchError(f"{what}: not within {deadline_s:.0f} s")
+
+
+def _rename(settings: Settings, catalog: Any, row: dict[str, Any], marker: str) -> float:
+    """Rename the hot customer to `marker` through Kafka; when it was produced (ms)."""
+    from viewgate.bench.gateway import produce_records
+
+    produced_ms = time.time() * 1000
+    key = row["customer_id"]
+    produce_records(settings.kafka_bootstrap, [(catalog.sources["customers"].topic, key,
+                                                json.dumps(dict(row, name=marker)).encode())],
+                    catalog)
+    return produced_ms
+
+
+def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -> dict:
+    from viewgate.bench.gateway import customer_rows
+
+    sizes = ctx.sizes
+    tabs = sizes.browser_tabs
+    churn_s = sizes.browser_churn_s
+    rows = customer_rows(settings)
+    if len(rows) < 2:
+        raise BenchError("no Customer rows to subscribe to")
+    keys = sorted(rows)
+    hot, own = keys[0], keys[1:]
+    markers = [f"fan-{time.time_ns()}", f"churn-{time.time_ns()}"]
+    renamed = {demo.CATALOG.sources[n].topic: s.topic for n, s in catalog.sources.items()}
+    stop = new_event()
+    readies = [new_event() for _ in range(TAB_PROCESSES)]
+    reached = [[new_event() for _ in markers] for _ in range(TAB_PROCESSES)]
+    per_process = tabs // TAB_PROCESSES
+    tabs = per_process * TAB_PROCESSES
+    gateway = Gateway(settings, ctx.workdir / f"servers-{workers}", workers)
+    workers_started: list[Worker] = []
+    out: dict[str, Any] = {}
+    with gateway.running():
+        pids = gateway.pids()
+        try:
+            traffic = Worker("demo traffic", produce_paced, settings.kafka_bootstrap, renamed,
+                             TRAFFIC_RATE, 3600, 41)
+            workers_started.append(traffic)
+            rss_before = _rss_kb(pids)
+            ctx.say(f"opening {tabs:,} tabs ({3 * tabs:,} subscriptions) over "
+                    f"{TAB_PROCESSES} client processes; gateway pid(s) {pids}")
+            started = time.monotonic()
+            holders = [Worker(f"tabs {i}", _hold, gateway.url, per_process, hot,
+                              own[i::TAB_PROCESSES], readies[i], stop, markers, reached[i],
+                              TAB_COMPRESSION, TAB_PING_S, OPEN_RATE / TAB_PROCESSES)
+                       for i in range(TAB_PROCESSES)]
+            workers_started += holders
+            client_cpu = [cpu_seconds(w.process.pid) for w in holders]
+            _wait(readies, 300, f"{tabs:,} tabs with their first messages")
+            open_s = time.monotonic() - started
+            client_cpu = [cpu_seconds(w.process.pid) - c for w, c in zip(holders, client_cpu,
+                                                                          strict=True)]
+            time.sleep(2)  # the last sends leave the gateway's buffers
+            rss_open = _rss_kb(pids)
+            ctx.say(f"{tabs:,} tabs open in {open_s:.0f} s; renaming the hot customer {hot}")
+            produced = _rename(settings, catalog, rows[hot], markers[0])
+            _wait([r[0] for r in reached], 120, "the change to every tab")
+            traffic.stop()
+            ctx.say(f"idle for {IDLE_S:.0f} s (no demo traffic)")
+            time.sleep(3)  # the engine's last batches
+            cpu0 = gateway.cpu()
+            time.sleep(IDLE_S)
+            idle = (gateway.cpu() - cpu0) / IDLE_S
+            before = gateway.stats() if workers == 1 else {}
+            rss_churn0 = _rss_kb(pids)
+            ctx.say(f"churn: {CHURN_RATE:.0f} new tabs a second for {churn_s:.0f} s")
+            traffic = Worker("demo traffic", produce_paced, settings.kafka_bootstrap, renamed,
+                             TRAFFIC_RATE, 3600, 43)
+            workers_started.append(traffic)
+            churners = [Worker(f"churn {i}", _churn, gateway.url, CHURN_RATE / CHURN_PROCESSES,
+                               churn_s, hot, own, CHURN_HOLD_S, TAB_COMPRESSION)
+                        for i in range(CHURN_PROCESSES)]
+            workers_started += churners
+            time.sleep(churn_s / 2)
+            produced_churn = _rename(settings, catalog, rows[hot], markers[1])
+            # Counted below: without copies (the engine stopped, say) the figure is None.
+            deadline = time.monotonic() + 120
+            for event in (r[1] for r in reached):
+                event.wait(max(0.0, deadline - time.monotonic()))
+            churned = [w.result(timeout_s=churn_s + 120) for w in churners]
+            traffic.stop()
+            after: dict[str, Any] = {}
+            if workers == 1:
+                def settled() -> bool:
+                    try:  # an overloaded gateway answers late: ask again
+                        after.update(gateway.stats())
+                    except OSError:
+                        return False
+                    return after["websockets"] == before["websockets"] \
+                        and after["subscribers"] == before["subscribers"]
+                deadline = time.monotonic() + 180
+                while not settled() and time.monotonic() < deadline:
+                    time.sleep(1)
+                out["ws_churn_settled_s"] = round(time.monotonic() - deadline + 180, 1)
+                if not settled():
+                    raise BenchError(f"the churned tabs' websockets did not close: {after} "
+                                     f"against {before} before the churn")
+                time.sleep(2)
+                after.update(gateway.stats())
+            rss_churn1 = _rss_kb(pids)
+            stop.set()
+            held = [w.result(timeout_s=120) for w in holders]
+        finally:
+            stop.set()
+            for worker in workers_started:
+                worker.stop()
+    # A tab that failed (refused, or closed by the gateway) is counted and reported, with
+    # what the gateway logged: the figures are those of the tabs that stayed.
+    failures = sum(h["failures"] for h in held)
+    copies = [t for h in held for t in h["arrivals"][markers[0]]["v"]]
+    changes = [t for h in held for t in h["arrivals"][markers[0]]["c"]]
+    churn_copies = [t for h in held for t in h["arrivals"][markers[1]]["v"]]
+    if not copies or len(copies) < tabs - failures or len(changes) < tabs - failures:
+        raise BenchError(f"{len(copies):,} live values and {len(changes):,} change streams "
+                         f"of {tabs - failures:,} tabs got the change")
+    opened = sum(sum(h["firsts"].values()) for h in held)
+    completed = sum(c["completed"] for c in churned)
+    churn_failures = sum(c["failures"] for c in churned)
+    first_ms = sorted(t for c in churned for t in c["first_ms"])
+    out.update({
+        "ws_tab_failures": failures,
+        "ws_tab_failed": [f for h in held for f in h["failed"]][:5],
+        "ws_gateway_log": _log_excerpt(gateway.process.log_path),
+        "ws_gateway_workers": workers,
+        "ws_connections_open": sum(h["firsts"]["v"] for h in held),
+        "ws_subscriptions_open": opened,
+        "ws_open_s": round(open_s, 1),
+        "ws_fanout_10k_connections_s": _spread(copies),
+        "ws_fanout_from_event_s": round((max(copies) - produced) / 1000, 3),
+        "ws_fanout_first_copy_s": round((min(copies) - produced) / 1000, 3),
+        "ws_fanout_changes_last_copy_s": round((max(changes) - produced) / 1000, 3),
+        "ws_rss_kb_per_subscription": round((rss_open - rss_before) / opened, 2),
+        "ws_rss_kb": {"before": rss_before, "open": rss_open, "churn_before": rss_churn0,
+                      "churn_after": rss_churn1},
+        "ws_idle_cpu_share": round(idle, 4),
+        "ws_churn_per_s": round(completed / max(c["seconds"] for c in churned), 1),
+        "ws_churn_tabs": completed,
+        "ws_churn_failures": churn_failures,
+        "ws_churn_failed": [f for c in churned for f in c["failed"]][:5],
+        "ws_churn_first_messages_ms": {
+            "p50": round(first_ms[len(first_ms) // 2], 1) if first_ms else None,
+            "p99": round(first_ms[int(len(first_ms) * 0.99)], 1) if first_ms else None},
+        "ws_fanout_churn_s": _spread(churn_copies) if churn_copies else None,
+        "ws_fanout_churn_copies": len(churn_copies),
+        "ws_fanout_churn_from_event_s": round((max(churn_copies) - produced_churn) / 1000, 3)
+        if churn_copies else None,
+        "ws_churn_rss_growth_kb": rss_churn1 - rss_churn0,
+        "ws_generator_cpu": round(max(client_cpu) / open_s, 3),
+        "ws_generator_cpu_all": [round(c / open_s, 3) for c in client_cpu],
+        "ws_pongs": sum(h["pongs"] for h in held),
+        "ws_implementation": "websockets-sansio",
+    })
+    if workers == 1:
+        out["ws_churn_tasks_left"] = after["tasks"] - before["tasks"]
+        out["ws_tasks"] = {"before_churn": before["tasks"], "after_churn": after["tasks"]}
+    return out
+
+
+def _log_excerpt(path: Path, lines: int = 8) -> list[str]:
+    """The gateway log's last warnings and errors (uvicorn logs at warning level)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line[:300] for line in text if line.strip()][-lines:]
+
+
+def _hold(*args: Any) -> dict[str, Any]:
+    from viewgate.bench.tab_clients import hold_tabs
+
+    return hold_tabs(*args)
+
+
+def _churn(*args: Any) -> dict[str, Any]:
+    from viewgate.bench.tab_clients import churn_tabs
+
+    return churn_tabs(*args)
+
+
+def run(ctx: BenchContext) -> GroupResult:
+    from engine.runner import start_all
+    from viewgate.bench.engine import catalog_on_topics, wait_started
+    from viewgate.bench.subscriptions import seed_customers
+
+    settings = ctx.isolated("browsers")
+    catalog = catalog_on_topics(demo.CATALOG, TOPIC_PREFIX)
+    spark = ctx.spark()
+    ctx.say(f"starting the engine on the demo views ({', '.join(catalog.views)})")
+    seed_customers(settings, catalog)
+    queries = start_all(spark, settings, catalog)
+    try:
+        wait_started(queries, 300)
+        wait_until(lambda: _customers(settings) > 1, timeout_s=120,
+                   what="the seeded customers in Redis")
+        workers = ctx.sizes.browser_workers
+        figures = measure(ctx, settings, catalog, workers)
+    finally:
+        for query in queries:
+            query.stop()
+    if workers != 1:  # one against two: the figures of N workers sit beside one's
+        figures = {f"{k}_w{workers}": v for k, v in figures.items()}
+    figures["ws_python"] = sys.version.split()[0]
+    return GroupResult(figures)
+
+
+def _customers(settings: Settings) -> int:
+    from viewgate.bench.gateway import customer_rows
+
+    return len(customer_rows(settings))
+
+
+GROUP = Group(
+    name="browsers",
+    description="10,000 browser tabs on one gateway process: fan-out, memory, idle, churn",
+    figures=FIGURES,
+    run=run,
+    by_default=False,  # about 5 minutes of its own: `--only browsers`
+)
