@@ -128,7 +128,7 @@ class NodeTab:
 
 @pytest.fixture(scope="module")
 def shop(spark, settings, tmp_path_factory):
-    settings = isolated(settings, tmp_path_factory.mktemp("tabs"), redis_db=13)
+    settings = isolated(settings, tmp_path_factory.mktemp("tabs"), redis_db=23)
     settings = settings.model_copy(update={"changefeed_prefix": f"{PREFIX}.changes."})
     catalog = catalog_on(PREFIX)
     customers, orders = shop_events(PREFIX, seed=37, count=300)
