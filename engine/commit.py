@@ -123,10 +123,12 @@ class ViewCommitter:
         Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
         IN_FLIGHT[self.view.name] = batch_id
         self.last_events = []
+        self.delta_done = None
         try:
             return self._commit(batch_id, rows, deleted, before, delta_in)
         finally:
-            IN_FLIGHT.pop(self.view.name, None)
+            if self.delta_done is None:  # else the commit is in flight until its Delta step
+                IN_FLIGHT.pop(self.view.name, None)
 
     def _commit(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
                 deleted: Sequence[Mapping[str, Any]], before: Before | None,
@@ -208,6 +210,13 @@ class ViewCommitter:
 
     def _to_delta(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
                   deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any]) -> None:
+        try:
+            self._merge(batch_id, rows, deleted, metadata)
+        finally:
+            IN_FLIGHT.pop(self.view.name, None)
+
+    def _merge(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
+               deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any]) -> None:
         started = time.perf_counter()
         merged = self.delta.merge(batch_id, rows, deleted, self.delete_on, metadata=metadata)
         failpoint("after_delta", self.view.name)
