@@ -49,11 +49,20 @@ def test_an_idle_subscriber_holds_no_queue_and_no_event() -> None:
     assert per < 300, per
 
 
+async def _until_waiting(sub: Subscriber, reader: asyncio.Future, timeout_s: float = 5) -> None:
+    """Let the event loop run `reader` until it waits on `sub`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while sub._waiter is None:
+        assert loop.time() < deadline, "the reader never started waiting"
+        await asyncio.wait({reader}, timeout=0)  # one turn of the loop
+
+
 def test_subscriber_wakes_its_reader_and_keeps_order() -> None:
     async def main() -> None:
         sub = Subscriber(3, lambda _: None)
         reader = asyncio.ensure_future(sub.get())
-        await asyncio.sleep(0)
+        await _until_waiting(sub, reader)
         assert not reader.done()
         sub.put("a")
         sub.put("b")
@@ -82,7 +91,7 @@ def test_subscriber_overflow_and_failure_after_its_messages() -> None:
             await failing.get()
         waiting = Subscriber(5, overflowed.append)
         reader = asyncio.ensure_future(waiting.get())
-        await asyncio.sleep(0)
+        await _until_waiting(waiting, reader)
         waiting.fail(RuntimeError("gone"))
         with pytest.raises(RuntimeError, match="gone"):
             await reader
