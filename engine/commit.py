@@ -30,6 +30,7 @@ from schema.storage import (
     REPLAYED,
     RETIRED,
     ChangeEvent,
+    Op,
     change_op,
     changefeed_topic,
     deadletter_topic,
@@ -115,24 +116,26 @@ class ViewCommitter:
         deleted: Sequence[Mapping[str, Any]] = (),
         before: Before | None = None,
         delta_in: Executor | None = None,
+        extra_ops: Sequence[Op] = (),
     ) -> int:
         """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows.
         `before` is what Redis held for (at least) their keys when the caller read it in
         this batch already (a view over views compares with it); else it is read here.
         With `delta_in`, the Delta step is submitted to it and `delta_done` is its future.
+        `extra_ops` go to Redis in the batch's transaction (an aggregate view's states).
         Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
         IN_FLIGHT[self.view.name] = batch_id
         self.last_events = []
         self.delta_done = None
         try:
-            return self._commit(batch_id, rows, deleted, before, delta_in)
+            return self._commit(batch_id, rows, deleted, before, delta_in, extra_ops)
         finally:
             if self.delta_done is None:  # else the commit is in flight until its Delta step
                 IN_FLIGHT.pop(self.view.name, None)
 
     def _commit(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
                 deleted: Sequence[Mapping[str, Any]], before: Before | None,
-                delta_in: Executor | None) -> int:
+                delta_in: Executor | None, extra_ops: Sequence[Op]) -> int:
         started = time.perf_counter()
         rows, keyless = split_keyless(rows, self.view.key)
         if keyless:
@@ -166,7 +169,8 @@ class ViewCommitter:
             old_rows = {**self.redis.before(self.generation, list(stale)).rows, **old_rows}
         status = self.redis.apply(batch_id, self.generation, {**stale_upserts, **upserts},
                                   deletes | stale_deletes, meta=meta, old_rows=old_rows,
-                                  outbox=outbox_value(batch_id, events))
+                                  outbox=outbox_value(batch_id, events),
+                                  extra_ops=extra_ops)
         if status == RETIRED:
             return status  # readers moved to a rebuilt generation; the engine restarts us
         if status == REPLAYED:

@@ -16,6 +16,7 @@ count(DISTINCT) and max_by stay exact: the affected groups are recomputed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -154,17 +155,38 @@ def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[
     return out
 
 
+class _Clock:
+    """Per-step times of one view's incremental step, for the graph's debug log."""
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.last = time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        if self.timings is not None:
+            now = time.perf_counter()
+            self.timings[step] = (now - self.last) * 1000
+            self.last = now
+
+
 def view_changes(spark: SparkSession, view: TableView, lineage: Lineage,
                  changes: Mapping[str, Sequence[Change]], current: CurrentRows,
-                 stored: Callable[[set[Key]], Mapping[Key, Row]]) -> dict[Key, Change]:
+                 stored: Callable[[set[Key]], Mapping[Key, Row]],
+                 timings: dict[str, float] | None = None) -> dict[Key, Change]:
     """The view's changes for one batch of its inputs' changes: {key: (previous, new)},
     only the keys whose row appears, changes or disappears. Keys are in JSON form (`_key`),
     `stored` answers rows in JSON form, new rows are as Spark computed them."""
+    clock = _Clock(timings)
     keys = affected_keys(view, lineage, changes, current)
+    clock.lap("affected")
     if not keys:
         return {}
-    new = recompute(spark, view, _gather(view, lineage, keys, current), keys)
+    gathered = _gather(view, lineage, keys, current)
+    clock.lap("gather")
+    new = recompute(spark, view, gathered, keys)
+    clock.lap("sql")
     old = stored(keys)
+    clock.lap("stored")
     out = {}
     for key in keys:
         before, after = old.get(key), new.get(key)

@@ -222,6 +222,18 @@ def index_key(view: str, generation: int, field_name: str) -> str:
     return f"{REDIS_PREFIX}{view}:g{generation}:idx:{field_name}"
 
 
+def state_key(view: str, generation: int) -> str:
+    """A hash of the generation's aggregate states by row key (engine.aggregates), written
+    with the rows it describes."""
+    return f"{REDIS_PREFIX}{view}:g{generation}:state"
+
+
+def states_complete_key(view: str, generation: int) -> str:
+    """Set by a generation's first batch: every group has a state (a group without one has
+    no rows). Dropped with the states when Redis lost batches."""
+    return f"{REDIS_PREFIX}{view}:g{generation}:state_complete"
+
+
 def outbox_key(view: str, generation: int) -> str:
     """The change events of the generation's last applied batch (see APPLY_BATCH_LUA)."""
     return f"{REDIS_PREFIX}{view}:g{generation}:outbox"
@@ -426,6 +438,8 @@ for i, op in ipairs(ops) do
   local known = (op.op == 'set' and type(op.v) == 'string') or op.op == 'del'
     or (op.op == 'zadd' and type(op.s) == 'number' and type(op.m) == 'string')
     or (op.op == 'zrem' and type(op.m) == 'string')
+    or (op.op == 'hset' and type(op.f) == 'string' and type(op.v) == 'string')
+    or (op.op == 'hdel' and type(op.f) == 'string')
   if not known or type(op.k) ~= 'string' then
     return redis.error_reply('viewgate: bad op #' .. i)
   end
@@ -437,6 +451,10 @@ for _, op in ipairs(ops) do
     redis.call('DEL', op.k)
   elseif op.op == 'zadd' then
     redis.call('ZADD', op.k, op.s, op.m)
+  elseif op.op == 'hset' then
+    redis.call('HSET', op.k, op.f, op.v)
+  elseif op.op == 'hdel' then
+    redis.call('HDEL', op.k, op.f)
   else
     redis.call('ZREM', op.k, op.m)
   end
@@ -511,6 +529,14 @@ def op_del(key: str) -> Op:
     return {"op": "del", "k": key}
 
 
+def op_hset(key: str, field: str, value: str) -> Op:
+    return {"op": "hset", "k": key, "f": field, "v": value}
+
+
+def op_hdel(key: str, field: str) -> Op:
+    return {"op": "hdel", "k": key, "f": field}
+
+
 def op_zadd(key: str, score: float, member: str) -> Op:
     return {"op": "zadd", "k": key, "s": score, "m": member}
 
@@ -554,6 +580,10 @@ for _, op in ipairs(cjson.decode(ARGV[6])) do
     redis.call('SET', op.k, op.v)
   elseif op.op == 'zadd' then
     redis.call('ZADD', op.k, op.s, op.m)
+  elseif op.op == 'hset' then
+    redis.call('HSET', op.k, op.f, op.v)
+  elseif op.op == 'hdel' then
+    redis.call('HDEL', op.k, op.f)
   elseif op.op == 'zrem' then
     redis.call('ZREM', op.k, op.m)
   end

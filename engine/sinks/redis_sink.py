@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ from schema.storage import (
     APPLY_BATCH_LUA,
     META_LATE_EVENTS,
     ChangeEvent,
+    Op,
     apply_batch_args,
     complete_field,
     decode_row,
@@ -31,6 +32,8 @@ from schema.storage import (
     outbox_events,
     outbox_key,
     row_key,
+    state_key,
+    states_complete_key,
 )
 
 
@@ -101,11 +104,13 @@ class RedisSink:
         meta: Mapping[str, Any],
         old_rows: Mapping[str, Mapping[str, Any]],
         outbox: bytes = b"",
+        extra_ops: Sequence[Op] = (),
     ) -> int:
         """APPLIED, REPLAYED (Redis already holds this batch) or RETIRED (a rebuild
         replaced this generation), as schema.storage names them. `outbox` (the batch's
-        change events) is stored with the rows, atomically."""
-        ops = []
+        change events) is stored with the rows, atomically, and so are `extra_ops` (an
+        aggregate view's states)."""
+        ops = list(extra_ops)
         for key, row in upserts.items():
             ops.append(op_set(row_key(self.view.name, generation, key), encode_row(row)))
             stored = old_rows.get(key)
@@ -123,6 +128,18 @@ class RedisSink:
         args = apply_batch_args(batch_id, generation, meta, ops, outbox)
         keys = [meta_key(self.view.name), outbox_key(self.view.name, generation)]
         return int(self.apply_script(keys=keys, args=args))
+
+    def states(self, generation: int, keys: list[str]) -> tuple[dict[str, bytes], bool]:
+        """The stored aggregate states of `keys` (engine.aggregates), by key, and whether
+        every group of the generation has one (its first batch marked it so)."""
+        hash_key = state_key(self.view.name, generation)
+        pipe = self.client.pipeline(transaction=False)
+        if keys:
+            pipe.hmget(hash_key, keys)
+        pipe.exists(states_complete_key(self.view.name, generation))
+        *found, complete = pipe.execute()
+        states = zip(keys, found[0], strict=True) if keys else ()
+        return {k: v for k, v in states if v is not None}, bool(complete)
 
     def outbox(self, generation: int, batch_id: int) -> list[ChangeEvent] | None:
         """The change events stored with `batch_id`; None if a later batch replaced them."""
