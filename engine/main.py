@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import select
 import signal
 import threading
 
@@ -20,7 +23,7 @@ log = logging.getLogger("viewgate.engine")
 
 def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
     configure_logging(settings)
-    stop = threading.Event()
+    stop = SignalStop()
     received: list[signal.Signals] = []
 
     def on_signal(number: int, _frame: object) -> None:
@@ -46,6 +49,29 @@ def run_engine(settings: Settings, catalog: Catalog, say=print) -> None:
         engine.run_until_stopped(stop)
     finally:
         _stop_spark(spark)
+
+
+class SignalStop(threading.Event):
+    """The engine's stop flag, set by its signal handler, whose `wait` wakes as soon as a
+    signal arrives. Python runs signal handlers on the main thread only, when it next runs
+    Python code; a signal the kernel hands to another thread (a batch's, when a failpoint
+    or a container runtime signals the group mid-commit) would wait out the main thread's
+    poll, and the stop line would name what was in flight a second later. The wakeup fd is
+    written by whichever thread takes the signal, and wakes the main thread at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wakeup, write = os.pipe()
+        os.set_blocking(self._wakeup, False)
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.is_set():
+            select.select([self._wakeup], [], [], timeout)
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wakeup, 512)
+        return self.is_set()  # the handler ran when the main thread woke
 
 
 def _stopping(received: signal.Signals) -> None:
