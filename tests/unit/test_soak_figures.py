@@ -53,3 +53,19 @@ def test_engine_flatness_compares_the_start_with_the_end():
     assert out["checkpoint_bytes"]["flat"] is True
     assert out["redis_bytes_per_row"]["change"] == 0.0
     assert out["batch_ms"]["flat"] is None  # no batch time recorded: not judged
+
+
+def test_bytes_on_disk_count_files_and_skip_one_renamed_while_listed(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from viewgate.bench import engine_storage
+
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "commits" / "1").write_bytes(b"x" * 10)
+    (tmp_path / "offsets").write_bytes(b"y" * 5)
+    # Listed and seen as a file, then renamed by Spark before its size was read.
+    gone = tmp_path / "commits" / ".2.tmp"
+    listed = [*tmp_path.rglob("*"), gone]
+    monkeypatch.setattr(Path, "rglob", lambda self, pattern: iter(listed))
+    monkeypatch.setattr(Path, "is_file", lambda self: self.name != "commits")
+    assert engine_storage._bytes_under(str(tmp_path)) == 15

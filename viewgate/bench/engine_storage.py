@@ -25,7 +25,17 @@ def _bytes_under(location: str) -> int:
     root = Path(location.removeprefix("file://"))
     if "://" in location and not location.startswith("file://"):
         return 0  # object storage: not sampled
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.exists() else 0
+    return sum(_file_bytes(f) for f in root.rglob("*")) if root.exists() else 0
+
+
+def _file_bytes(path: Path) -> int:
+    """A file's size; 0 for a folder, and for a file gone since it was listed (Spark and
+    Delta write temporary files and rename them: an hour's soak once failed on one)."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return 0
+    return stat.st_size if path.is_file() else 0
 
 
 def _delta_rows(settings: Settings, view: str) -> int:
