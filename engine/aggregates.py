@@ -44,8 +44,7 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from engine.frames import frame_of, rows_of
-from engine.incremental import Change, Key, Row, json_value
-from schema.storage import encode_row
+from engine.incremental import Change, Key, Row, changed_rows, json_value
 
 SIDE = "__vg_side"  # which side of a change an input row is: REMOVED or ADDED
 REMOVED, ADDED = "r", "a"
@@ -304,12 +303,7 @@ class AggregateStep:
                         "recompute": (recomputed - partial_done) * 1000,
                         "final": (time.perf_counter() - recomputed) * 1000,
                         "groups": len(keys), "recomputed": len(recompute)}
-        out: dict[Key, Change] = {}
-        for key in keys:
-            before, after = old_rows.get(key), new_rows.get(key)
-            if (before is None) != (after is None) or (
-                    after is not None and encode_row(after) != encode_row(before)):
-                out[key] = (before, after)
+        out = changed_rows(keys, old_rows, new_rows)
         to_store = {texts[k]: (s if s[COUNT] > 0 else None) for k, s in new_states.items()
                     if k in texts}
         return out, to_store

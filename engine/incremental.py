@@ -187,11 +187,17 @@ def view_changes(spark: SparkSession, view: TableView, lineage: Lineage,
     clock.lap("sql")
     old = stored(keys)
     clock.lap("stored")
+    return changed_rows(keys, old, new)
+
+
+def changed_rows(keys: set[Key], old: Mapping[Key, Row], new: Mapping[Key, Row]
+                 ) -> dict[Key, Change]:
+    """{key: (stored row, new row)} for the keys whose row appears, changes or disappears.
+    Compared as JSON text: the stored row is in JSON form, the new one as Spark has it, and
+    both list the view's columns in the same order."""
     out = {}
     for key in keys:
         before, after = old.get(key), new.get(key)
-        # Compared as JSON text: the stored row is in JSON form, the new one as Spark has
-        # it, and both list the view's columns in the same order.
         if (before is None) != (after is None) or (
                 after is not None and encode_row(after) != encode_row(before)):
             out[key] = (before, after)
