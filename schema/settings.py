@@ -51,10 +51,12 @@ class Settings(BaseSettings):
         "Default: the jars `viewgate setup` resolved into <cache_dir>/jars/spark.",
     )
     max_offsets_per_trigger: int | None = Field(
-        None,
+        50_000,
         description="Most Kafka records one micro-batch of a query reads (Spark's "
-        "maxOffsetsPerTrigger), so catching up on a backlog runs in bounded batches. "
-        "Default: no limit.",
+        "maxOffsetsPerTrigger), so catching up on a backlog runs in bounded batches: an "
+        "engine that fell behind does not read ever larger batches, each holding more "
+        "memory and taking longer than the last (a 30-minute run behind its input grew "
+        "batches to a minute and the driver to 4 GiB). 0: no limit.",
     )
     engine_metrics_port: int = Field(
         9464, description="Port of the engine's Prometheus /metrics; 0 turns it off."

@@ -35,13 +35,16 @@ def bench(
     browser_workers: int = typer.Option(None, help="Browsers group: uvicorn workers of the "
                                         "gateway (figures of more than one get a _wN suffix)."),
     soak: bool = typer.Option(False, "--soak", help="Instead of the groups: the soak, at "
-                              "half the measured capacity with subscriptions open, into "
-                              "<out>/soak.json and soak.png."),
+                              "a share of the measured capacity with subscriptions open, "
+                              "into <out>/soak.json and soak.png."),
     minutes: float = typer.Option(10.0, "--minutes", help="How long the soak runs."),
     soak_subscriptions: int = typer.Option(2_000, help="Live subscriptions during the soak."),
     soak_connections: int = typer.Option(200, help="Websockets holding them."),
     soak_rate: float = typer.Option(50.0, help="Demo events per second into the engine "
                                     "during the soak (1000 for the engine's long run)."),
+    soak_load: float = typer.Option(0.5, help="Share of the gateway's probed capacity the "
+                                    "soak offers (0.1 for the engine's long run, so the "
+                                    "gateway leaves the engine its cores)."),
 ) -> None:
     """Measure viewgate on this machine: start Kafka and Redis of its own, run each group,
     merge the figures into <out>/results.json, print a table and save PNG plots."""
@@ -54,7 +57,8 @@ def bench(
 
     console = Console()
     if soak:
-        _soak(console, out, minutes, soak_subscriptions, soak_connections, soak_rate)
+        _soak(console, out, minutes, soak_subscriptions, soak_connections, soak_rate,
+              soak_load)
         return
     if quick and full:
         console.print("[red]error:[/red] choose --quick or --full, not both")
@@ -100,7 +104,7 @@ def bench_settings() -> Any:
 
 
 def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
-          connections: int, demo_rate: float) -> None:
+          connections: int, demo_rate: float, load_share: float) -> None:
     from viewgate.bench.group import BenchError
     from viewgate.bench.soak import SoakSizes, run_soak
     from viewgate.bench.workers import WorkerError
@@ -110,8 +114,12 @@ def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
         console.print("[red]error:[/red] --minutes, --soak-subscriptions, "
                       "--soak-connections and --soak-rate must be positive")
         raise typer.Exit(2)
+    if not 0 < load_share <= 1:
+        console.print("[red]error:[/red] --soak-load is a share of the capacity: "
+                      "more than 0, at most 1")
+        raise typer.Exit(2)
     sizes = SoakSizes(minutes=minutes, subscriptions=subscriptions, connections=connections,
-                      demo_rate=demo_rate)
+                      demo_rate=demo_rate, load_share=load_share)
     try:
         report = run_soak(bench_settings(), sizes, out, console)
     except (BenchError, StackError, WorkerError) as error:

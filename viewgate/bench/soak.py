@@ -1,6 +1,7 @@
-"""`viewgate bench --soak`: the gateway at half its measured capacity for minutes, with
-live subscriptions open and the engine fed demo traffic; every error counted and the
-memory of the gateway and of the engine's driver sampled.
+"""`viewgate bench --soak`: the gateway at a share of its measured capacity (half unless
+`--soak-load` says otherwise) for minutes, with live subscriptions open and the engine fed
+demo traffic; every error counted and the memory of the gateway and of the engine's
+driver sampled.
 
 The stack: Kafka and Redis of the run's own (runner.bench_stack), the demo views in the
 engine (Spark in the soak's process, engine.runner.start_all), a producer process writing
@@ -13,11 +14,18 @@ demo traffic (`demo_rate` events/s: customer changes, orders, deletes), the gate
 2. Probe: the soak's mix (point lookups, one request in `list_share` a list page of 10
    customers) at saturation (load.closed_loop, `probe_s`), with the subscriptions open:
    `capacity_rps`.
-3. Soak: for `minutes`, open-loop load (load.open_loop) of that mix at half of
+3. Soak: for `minutes`, open-loop load (load.open_loop) of that mix at `load_share` of
    `capacity_rps`. Every `sample_s` the
    resident memory (VmRSS) of the gateway, of the engine's JVM and of its Python driver,
    and what the engine keeps (engine_storage: Delta and Redis bytes per row, checkpoint
-   bytes, batch time), whose start and end are compared (flat within 20%).
+   bytes, batch time), whose start and end are compared (flat within 20%). What the
+   engine keeps is sampled by a process of its own: reading Delta logs in the engine's
+   driver would take its CPU and memory and count them as the engine's.
+
+The engine's long run (`--soak-rate 1000`) is the engine's test, not the gateway's: give
+it `--soak-load 0.1` or so, so that the gateway's load does not take the cores the engine
+needs (on two cores, the gateway at half its capacity and the engine at 1,000 events/s
+together ask for more than the machine has, and the engine falls behind).
 
 Errors: wrong HTTP answers (not 200, or GraphQL `errors`), subscription errors, websocket
 closes the client did not ask for, changes whose version did not grow, and engine queries
@@ -65,6 +73,7 @@ class SoakSizes:
     list_share: int = 10  # one request in this many is a list page
     demo_rate: float = 50.0  # demo events per second into the engine, all along
     sample_s: float = 5.0
+    load_share: float = 0.5  # of the probed capacity, offered during the soak
 
 
 # --- Pure figures -----------------------------------------------------------------------
@@ -198,28 +207,31 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
                            [gateway.pid]).result(timeout_s=sizes.probe_s + 120)
             if probe["bad"]:
                 raise BenchError(f"the probe got wrong answers: {probe['errors']}")
-            rate = max(1.0, float(int(probe["rps"] / 2)))
-            ctx.say(f"soak: {rate:,.0f} requests/s (half of {probe['rps']:,.0f}) for "
-                    f"{sizes.minutes:g} min, one in {sizes.list_share} a list page")
+            rate = max(1.0, float(int(probe["rps"] * sizes.load_share)))
+            ctx.say(f"soak: {rate:,.0f} requests/s ({sizes.load_share:.0%} of "
+                    f"{probe['rps']:,.0f}) for {sizes.minutes:g} min, one in "
+                    f"{sizes.list_share} a list page")
             load = Worker("soak load", open_loop, host, port, mix, rate, 0.0, duration_s,
                           LOAD_CONNECTIONS, b'"data"', [b'"errors"'], [gateway.pid])
             workers.append(load)
             pids = {"gateway": gateway.pid, "engine_jvm": _jvm_pid(spark),
                     "engine_driver": os.getpid()}
             samples: dict[str, list[tuple[float, int]]] = {name: [] for name in pids}
-            held: list[tuple[float, dict[str, float]]] = []  # what the engine keeps
-            redis_client = redis.Redis.from_url(settings.redis_url)
-            started = time.monotonic()
+            sampled = new_event()
+            started_at = time.time()
+            storage = Worker("engine storage", sample_engine_storage, settings, catalog,
+                             sizes.sample_s, started_at, sampled)
+            workers.append(storage)
             while True:
-                now = round(time.monotonic() - started, 2)
+                now = round(time.time() - started_at, 2)
                 for name, pid in pids.items():
                     kb = _rss_kb(pid)
                     if kb is not None:
                         samples[name].append((now, kb))
-                held.append((now, engine_storage.sample(settings, catalog, redis_client)))
                 if load.done(sizes.sample_s):
                     break
-            redis_client.close()
+            sampled.set()
+            held = storage.result(timeout_s=120)  # what the engine keeps
             loaded = load.result(timeout_s=60)
             stop.set()
             subscribed = [w.result(timeout_s=120) for w in subscribers]
@@ -276,6 +288,22 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     }
 
 
+def sample_engine_storage(settings: Settings, catalog: Any, interval_s: float,
+                          started_at: float, stop: Any) -> list[tuple[float, dict[str, float]]]:
+    """What the engine keeps (engine_storage.sample), every `interval_s` until `stop` is
+    set, stamped in seconds since `started_at` (wall clock, shared with the soak)."""
+    client = redis.Redis.from_url(settings.redis_url)
+    held: list[tuple[float, dict[str, float]]] = []
+    try:
+        while True:
+            held.append((round(time.time() - started_at, 2),
+                         engine_storage.sample(settings, catalog, client)))
+            if stop.wait(interval_s):
+                return held
+    finally:
+        client.close()
+
+
 def soak_in_child(settings: Settings, sizes: SoakSizes, workdir: Path) -> dict[str, Any]:
     """The soak in a (worker) process of its own: its SparkSession and Kafka clients end
     with it, before the runner stops the services they talk to."""
@@ -300,7 +328,7 @@ def save_soak_plot(report: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (memory, latency) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+    fig, (memory, latency, engine) = plt.subplots(3, 1, figsize=(11, 11), sharex=True)
     for name, series in report["rss_kb"].items():
         if series:
             memory.plot([t for t, _ in series], [kb / 1024 for _, kb in series], label=name)
@@ -312,12 +340,21 @@ def save_soak_plot(report: dict[str, Any], path: Path) -> Path:
         latency.plot([b["t_s"] for b in buckets], [b[key] for b in buckets],
                      label=key.replace("_ms", ""))
     latency.set_ylabel(f"latency (ms) per {report['sizes']['sample_s']:g} s")
-    latency.set_xlabel("seconds into the soak")
     latency.grid(True, alpha=0.3)
     latency.legend()
-    fig.suptitle(f"Soak: {report['rate']:,.0f} requests/s (half of "
+    held = report.get("engine_storage", [])
+    engine.plot([t for t, _ in held], [s["batch_ms"] / 1000 for _, s in held],
+                label="engine batch (s)")
+    engine.plot([t for t, _ in held], [s["delta_bytes_per_row"] / 100 for _, s in held],
+                label="Delta bytes per row / 100")
+    engine.set_xlabel("seconds into the soak")
+    engine.grid(True, alpha=0.3)
+    engine.legend()
+    fig.suptitle(f"Soak: {report['rate']:,.0f} requests/s "
+                 f"({report['sizes'].get('load_share', 0.5):.0%} of "
                  f"{report['capacity_rps']:,.0f}) for {report['minutes']:g} min, "
-                 f"{report['subscriptions']:,} subscriptions", fontsize=10)
+                 f"{report['subscriptions']:,} subscriptions, "
+                 f"{report['sizes']['demo_rate']:,.0f} events/s", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
