@@ -48,8 +48,9 @@ def _lag(sources: list[Any]) -> int:
     total = 0
     for source in sources:
         try:
-            latest = json.loads(source.latestOffset or "{}")
-            done = json.loads(source.endOffset or "{}")
+            # Either may be JSON null (a replayed batch after a restart has no latest).
+            latest = json.loads(source.latestOffset or "{}") or {}
+            done = json.loads(source.endOffset or "{}") or {}
         except (TypeError, ValueError):
             continue
         for topic, partitions in latest.items():
