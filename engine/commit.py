@@ -1,11 +1,11 @@
 """Commit one micro-batch of one view to its three sinks, exactly once.
 
-Order: Redis first (readers see the batch without waiting on Delta), then the change
-feed (only once Redis holds the rows), then Delta. Each step is idempotent on the
-batch id, so when Spark replays a batch after a crash at any point, the steps that
-already happened are no-ops and the rest complete. The Delta step may run on an
-executor (the view graph overlaps it with the next views' work); the batch is done
-when it is.
+Order: prepare (the batch's writes and change events, nothing written), Redis (readers
+see the batch without waiting on Delta), then the change feed (only once Redis holds the
+rows), then Delta. Each write is idempotent on the batch id, so when Spark replays a batch
+after a crash at any point, the steps that already happened are no-ops and the rest
+complete. `commit` runs the steps for one view; the view graph (engine.graph) prepares
+all its views first and applies them to Redis together.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.batch_offsets import read_batch_offsets
@@ -49,6 +49,33 @@ log = logging.getLogger("viewgate.engine.commit")
 IN_FLIGHT: dict[str, int] = {}
 
 
+@dataclass
+class Pending:
+    """One view's batch between its computation and its commit: the change events (what
+    subscribers and the views over this one see), the rows and deleted keys for Delta, and
+    the Redis writes (with rows Redis had lost brought back up to date, see
+    ViewCommitter._stale_in_redis)."""
+
+    batch_id: int
+    events: list[ChangeEvent]
+    rows: Sequence[Mapping[str, Any]]
+    deleted: Sequence[Mapping[str, Any]]
+    meta: dict[str, Any]
+    redis_upserts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    redis_deletes: set[str] = field(default_factory=set)
+    old_rows: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    extra_ops: Sequence[Op] = ()
+    applied: bool = False  # Redis holds the batch (applied now, or by an earlier attempt)
+
+    def new_rows(self) -> dict[str, Mapping[str, Any] | None]:
+        """Key text -> the row as this batch leaves it (None: deleted), for every key whose
+        row differs from what Redis held before the batch."""
+        rows: dict[str, Mapping[str, Any] | None] = {e.key: e.row for e in self.events}
+        rows.update(self.redis_upserts)
+        rows.update(dict.fromkeys(self.redis_deletes))
+        return rows
+
+
 class ViewCommitter:
     def __init__(
         self,
@@ -78,10 +105,9 @@ class ViewCommitter:
         )
         self.target_file_bytes = settings.delta_target_file_bytes
         self.maintenance = MaintenanceSchedule(settings.delta_maintenance_interval_s)
-        # The change events of the last batch committed (or replayed): the input of the
+        # The change events of the last batch prepared (or replayed): the input of the
         # views that read this one (engine.graph).
         self.last_events: list[ChangeEvent] = []
-        self.delta_done: Future[None] | None = None  # the last Delta step given an executor
 
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
                 deletes: set[str], old_rows: Mapping[str, dict[str, Any]]) -> list[ChangeEvent]:
@@ -115,28 +141,40 @@ class ViewCommitter:
         rows: Sequence[Mapping[str, Any]],
         deleted: Sequence[Mapping[str, Any]] = (),
         before: Before | None = None,
-        delta_in: Executor | None = None,
         extra_ops: Sequence[Op] = (),
     ) -> int:
-        """`rows` are upserted; `deleted` hold the `delete_on` columns of deleted rows.
-        `before` is what Redis held for (at least) their keys when the caller read it in
-        this batch already (a view over views compares with it); else it is read here.
-        With `delta_in`, the Delta step is submitted to it and `delta_done` is its future.
-        `extra_ops` go to Redis in the batch's transaction (an aggregate view's states).
-        Returns what the Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
+        """Commit one batch of this view alone: prepare, Redis, change feed, Delta (the
+        graph runs these steps for all its views at once, engine.graph). `rows` are
+        upserted; `deleted` hold the `delete_on` columns of deleted rows. Returns what the
+        Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
+        pending = self.prepare(batch_id, rows, deleted, before, extra_ops)
+        try:
+            status = self.redis.apply(**self._apply_args(pending))
+            self.applied(pending, status)
+            if status == RETIRED:
+                return status  # readers moved to a rebuilt generation; the engine restarts us
+            failpoint("after_redis", self.view.name)
+            self.publish(pending)
+            self.to_delta(pending)
+        finally:
+            IN_FLIGHT.pop(self.view.name, None)
+        return status
+
+    def prepare(
+        self,
+        batch_id: int,
+        rows: Sequence[Mapping[str, Any]],
+        deleted: Sequence[Mapping[str, Any]] = (),
+        before: Before | None = None,
+        extra_ops: Sequence[Op] = (),
+    ) -> Pending:
+        """The batch's writes and change events, nothing written yet (rows with a null key
+        go to the dead-letter topic). `before` is what Redis held for (at least) their keys
+        when the caller read it in this batch already (a view over views compares with
+        it); else it is read here. `extra_ops` go to Redis in the batch's apply (an
+        aggregate view's states)."""
         IN_FLIGHT[self.view.name] = batch_id
         self.last_events = []
-        self.delta_done = None
-        try:
-            return self._commit(batch_id, rows, deleted, before, delta_in, extra_ops)
-        finally:
-            if self.delta_done is None:  # else the commit is in flight until its Delta step
-                IN_FLIGHT.pop(self.view.name, None)
-
-    def _commit(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
-                deleted: Sequence[Mapping[str, Any]], before: Before | None,
-                delta_in: Executor | None, extra_ops: Sequence[Op]) -> int:
-        started = time.perf_counter()
         rows, keyless = split_keyless(rows, self.view.key)
         if keyless:
             self.rejects.publish(batch_id, keyless)
@@ -162,60 +200,76 @@ class ViewCommitter:
             old_rows = {**self.delta.rows(missing), **old_rows}
         events = self._events(batch_id, now_ms, upserts, deletes, old_rows)
         stale = self._stale_in_redis(batch_id, before.fence, set(upserts) | deletes)
-        stale_upserts = {k: row for k, row in stale.items() if row is not None}
-        stale_deletes = {k for k, row in stale.items() if row is None}
         if stale:
             # Their index entries come from what Redis holds of them, old as it is.
             old_rows = {**self.redis.before(self.generation, list(stale)).rows, **old_rows}
-        status = self.redis.apply(batch_id, self.generation, {**stale_upserts, **upserts},
-                                  deletes | stale_deletes, meta=meta, old_rows=old_rows,
-                                  outbox=outbox_value(batch_id, events),
-                                  extra_ops=extra_ops)
-        if status == RETIRED:
-            return status  # readers moved to a rebuilt generation; the engine restarts us
+        return Pending(
+            batch_id, events, rows, deleted, meta,
+            redis_upserts={**{k: r for k, r in stale.items() if r is not None}, **upserts},
+            redis_deletes=deletes | {k for k, r in stale.items() if r is None},
+            old_rows=old_rows, extra_ops=extra_ops)
+
+    def stored(self, batch_id: int) -> Pending:
+        """The batch as Redis already holds it (a replay after a crash past the Redis
+        apply): the outbox's events, the same rows for Delta; nothing to write to Redis.
+        None in the outbox means a later batch followed, so Delta holds this one too."""
+        IN_FLIGHT[self.view.name] = batch_id
+        events = self.redis.outbox(self.generation, batch_id)
+        pending = Pending(batch_id, [], [], [], {}, applied=True)
+        if events is not None:
+            pending.events = events
+            pending.rows, pending.deleted = self._rows_of(events)
+        self.last_events = pending.events
+        return pending
+
+    def _apply_args(self, pending: Pending) -> dict[str, Any]:
+        return {"batch_id": pending.batch_id, "generation": self.generation,
+                "upserts": pending.redis_upserts, "deletes": pending.redis_deletes,
+                "meta": pending.meta, "old_rows": pending.old_rows,
+                "outbox": outbox_value(pending.batch_id, pending.events),
+                "extra_ops": pending.extra_ops}
+
+    def queue_apply(self, pending: Pending, pipe: Any) -> None:
+        """Queue the batch's fenced Redis apply on `pipe` (a pipeline of the graph's one
+        Redis client), so that every view of a batch is applied in one round trip."""
+        self.redis.apply(**self._apply_args(pending), client=pipe)
+
+    def applied(self, pending: Pending, status: int) -> None:
+        """Take what the Redis apply said. REPLAYED: Redis holds this batch already, so
+        the previous rows read were its new ones: the events and Delta's rows are what the
+        first attempt stored (a view over views recomputed on a replay would hand over no
+        change at all)."""
         if status == REPLAYED:
-            # Redis holds this batch already, so the previous rows read above are its new
-            # ones: publish what the first attempt stored (None: a later batch followed,
-            # so this one's events went out before it, and Delta holds it too).
-            stored_events = self.redis.outbox(self.generation, batch_id)
-            events = stored_events or []
-            if stored_events is not None:
-                # Delta gets what Redis got: a view over views recomputed on a replay finds
-                # its new rows stored already and would hand over no change at all.
-                rows, deleted = self._rows_of(stored_events)
-        self.last_events = events
-        failpoint("after_redis", self.view.name)
-        redis_done = time.perf_counter()
-        self.feed.publish(events)
+            replayed = self.stored(pending.batch_id)
+            pending.events, pending.rows, pending.deleted = (
+                replayed.events, replayed.rows, replayed.deleted)
+        pending.applied = True
+        self.last_events = pending.events
+
+    def publish(self, pending: Pending) -> None:
+        """The batch's change events to the view's change feed (Redis holds the rows)."""
+        started = time.perf_counter()
+        self.feed.publish(pending.events)
         failpoint("after_changefeed", self.view.name)
-        feed_done = time.perf_counter()
-        metadata = {
-            "view": self.view.name,
-            "batch_id": batch_id,
-            "generation": self.generation,
-            "late_events": self.redis.late_events(self.generation),
-            **meta,
-        }
-        if delta_in is None:
-            self._to_delta(batch_id, rows, deleted, metadata)
-        else:
-            self.delta_done = delta_in.submit(self._to_delta, batch_id, rows, deleted,
-                                              metadata)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "%s batch %d: %d upserts, %d deletes; redis %.0f ms, feed %.0f ms",
-                self.view.name, batch_id, len(upserts), len(deletes),
-                (redis_done - started) * 1000, (feed_done - redis_done) * 1000,
-                extra={"view": self.view.name, "batch_id": batch_id,
-                       "timings": {"redis_ms": (redis_done - started) * 1000,
-                                   "feed_ms": (feed_done - redis_done) * 1000}},
-            )
-        return status
+                "%s batch %d: %d changes; feed %.0f ms", self.view.name, pending.batch_id,
+                len(pending.events), (time.perf_counter() - started) * 1000,
+                extra={"view": self.view.name, "batch_id": pending.batch_id,
+                       "timings": {"feed_ms": (time.perf_counter() - started) * 1000}})
 
-    def _to_delta(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
-                  deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any]) -> None:
+    def to_delta(self, pending: Pending) -> None:
+        """MERGE the batch into the view's Delta table (idempotent on the batch id); the
+        view's commit is no longer in flight once it is done."""
+        metadata = {
+            "view": self.view.name,
+            "batch_id": pending.batch_id,
+            "generation": self.generation,
+            "late_events": self.redis.late_events(self.generation),
+            **pending.meta,
+        }
         try:
-            self._merge(batch_id, rows, deleted, metadata)
+            self._merge(pending.batch_id, pending.rows, pending.deleted, metadata)
         finally:
             IN_FLIGHT.pop(self.view.name, None)
 

@@ -1,12 +1,14 @@
 """The current rows of the views a view over views reads: from Redis, else from Delta.
 
 The incremental step (engine.incremental) asks for an input's rows by one column's values:
-the driving input by the view's key, the others by their join columns. The views it reads
-were committed earlier in the same batch, Redis first, so Redis holds their rows as this
-batch left them, with an index per declared `indexes` field (the sorted sets the gateway
-filters with): a read by the key is one MGET, a read by an indexed text column one
-ZRANGEBYLEX per value, then one MGET. These are the view's arrangements: a read costs the
-rows it returns, however large the view.
+the driving input by the view's key, the others by their join columns. Redis holds the
+inputs' rows as the previous batch left them (the graph applies a batch to Redis once
+every view of it is computed, engine.graph), with an index per declared `indexes` field
+(the sorted sets the gateway filters with): a read by the key is one MGET, a read by an
+indexed text column one ZRANGEBYLEX per value, then one MGET. These are the view's
+arrangements: a read costs the rows it returns, however large the view. Over what Redis
+(or Delta) answers lies the input's changes of this batch: a changed key's new row
+replaces its stored one, a deleted key's row is gone.
 
 Anything else (another column, a null value, a Redis that lost rows and has not been
 re-warmed yet) is read from the view's Delta table, only the files whose statistics (each
@@ -42,8 +44,8 @@ Row = dict[str, Any]
 
 class DeltaRows:
     """`path_of(view)` gives the Delta table a view's rows are read from (its current
-    generation). Each read sees the table's latest version: the views a batch reads were
-    committed earlier in the same batch (engine.graph)."""
+    generation). Each read sees the table's latest version, the previous batch's: the
+    reader over it (RedisRows) lays the batch's changes over what it answers."""
 
     def __init__(self, path_of: Callable[[str], str]) -> None:
         self.path_of = path_of
@@ -129,11 +131,15 @@ def redis_serves(view: View, column: str) -> bool:
     return column in view.indexes and info is not None and info.python_type is str
 
 
+Changes = Mapping[str, Mapping[str, Row | None]]  # view -> key text -> new row (None: gone)
+
+
 class RedisRows:
     """Reads by the key or by an indexed text column from Redis (`views` and their
-    `generations`), the rest from `fallback`. Rows read from Redis are kept until
-    `forget()`: within one batch an input's rows do not change, and the incremental step
-    reads some twice (found by a join column, then gathered by key)."""
+    `generations`), the rest from `fallback`, with the batch's changes laid over them.
+    Rows read from Redis are kept until the next `start_batch`: within one batch an
+    input's rows do not change, and the incremental step reads some twice (found by a
+    join column, then gathered by key)."""
 
     def __init__(self, redis_url: str, views: Mapping[str, View],
                  generations: Mapping[str, int], fallback: DeltaRows) -> None:
@@ -142,12 +148,27 @@ class RedisRows:
         self.generations = generations
         self.fallback = fallback
         self._read: dict[tuple[str, str], Row | None] = {}  # (view, key) -> row or absent
+        self.changes: Changes = {}
 
-    def forget(self) -> None:
-        """Drop the rows read so far: call it before each batch."""
+    def start_batch(self, changes: Changes) -> None:
+        """A new batch: drop the rows read so far, and lay `changes` (the inputs' changes
+        of the batch, by key text, in any form key_of reads) over what is read from now."""
         self._read = {}
+        self.changes = changes
 
     def rows_where(self, table: str, column: str, values: set[Any]) -> list[Row]:
+        stored = self._stored_where(table, column, values)
+        changed = self.changes.get(table)
+        if not changed:
+            return stored
+        key = self.views[table].key
+        wanted = {json_value(v) for v in values}
+        return [*(r for r in stored if key_of(r, key) not in changed),
+                *(r for r in changed.values()
+                  if r is not None and json_value(r.get(column)) in wanted)]
+
+    def _stored_where(self, table: str, column: str, values: set[Any]) -> list[Row]:
+        """The rows the previous batch left (Redis, or the fallback)."""
         view, generation = self.views[table], self.generations[table]
         by_key = view.key == (column,)
         if (not values or None in values or not redis_serves(view, column)

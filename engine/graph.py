@@ -4,19 +4,25 @@ views (TABLE), whose batch evaluates them in dependency order.
 One Kafka read covers every topic those views stream. Each batch:
 1. reads its records into the driver in one Spark job, and sends the bad ones to their
    source's dead-letter topic (the same pass, no query of their own);
-2. evaluates the views in dependency order, each committed (Redis, change feed, Delta)
-   before the views that read it run:
+2. computes the views in dependency order, nothing written yet:
    - an UPSERT view keeps the last record per key of its source, deletes tombstoned keys
      and runs its SQL over the rest (its dimensions are their latest rows);
    - a TABLE view turns its inputs' changes in this batch into its own changes
      (engine.incremental: the affected keys recomputed with its own SQL over its inputs'
-     current rows, compared with its stored rows);
-3. commits every view under the batch's one id, which is therefore one version across all
-   of them: a reader that sees version N of one view can ask every other for N.
+     current rows, compared with its stored rows). An input's current rows are Redis's
+     overlaid with the input's changes of this batch (engine.current_rows);
+3. applies every view to Redis in one round trip, between the graph's `applying` and
+   `version` marks (schema.storage.graph_key), so Redis never shows a reader two versions
+   of the graph for longer than that round trip, and a reader can tell;
+4. publishes each view's change events, and MERGEs each into Delta.
+Every view is committed under the batch's one id, which is therefore one version across
+all of them: a reader that sees version N of one view can ask every other for N.
 
 Exactly once is the scheme of engine.commit, per view, under the shared batch id: after a
-crash Spark replays the batch; views that committed it already skip their commit and hand
-their stored change events (Redis's outbox) to the views that read them.
+crash Spark replays the batch; views whose Redis holds it already are not computed again:
+their stored change events (Redis's outbox) are published again, merged into Delta (a
+no-op if there already) and handed to the views that read them. When every view holds it,
+the batch's records are not even read.
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -44,10 +51,11 @@ from engine.aggregates import (
     supported_types,
 )
 from engine.analysis import SQL_LOCK, dependency_order
-from engine.commit import ViewCommitter
+from engine.commit import IN_FLIGHT, Pending, ViewCommitter
 from engine.current_rows import DeltaRows, RedisRows
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
+from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
 from engine.incremental import Change, Key, TableView, json_value, view_changes
 from engine.lineage import Lineage, lineage
@@ -57,11 +65,16 @@ from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
 from schema.settings import Settings
 from schema.storage import (
+    GRAPH_APPLYING,
+    GRAPH_VERSION,
     RETIRED,
     Op,
     delta_app_id,
     delta_table_path,
+    fence_field,
+    graph_key,
     key_of,
+    meta_key,
     op_del,
     op_hdel,
     op_hset,
@@ -73,12 +86,9 @@ from schema.storage import (
 
 log = logging.getLogger("viewgate.engine.graph")
 
-GRAPH_KINDS = (ViewKind.UPSERT, ViewKind.TABLE)
-
-
 def graph_views(catalog: Catalog) -> list[View]:
-    """The views the graph query runs, in dependency order."""
-    return [v for v in dependency_order(catalog) if v.kind in GRAPH_KINDS]
+    """The views the graph query runs (View.in_graph), in dependency order."""
+    return [v for v in dependency_order(catalog) if v.in_graph]
 
 
 def dependency_levels(views: list[View]) -> list[list[View]]:
@@ -161,7 +171,6 @@ class GraphBatch:
         by_name = {v.name: v for v in self.views}
 
         def delta_path(view: str) -> str:
-            self._wait_delta([view])  # a view read from Delta this batch: its commit first
             return delta_table_path(settings.delta_location, view, generations[view])
 
         self.current = {v.name: RedisRows(settings.redis_url, by_name, generations,
@@ -173,66 +182,110 @@ class GraphBatch:
                            if step is not None}
         self.levels = dependency_levels(self.views)
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
-        generation = graph_generation(generations, catalog)
+        self.generation = graph_generation(generations, catalog)
+        self.redis = redis.Redis.from_url(settings.redis_url)  # the graph's applies and marks
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
-                                     fence=f"vg:dlq:{s.name}:graph:g{generation}")
+                                     fence=f"vg:dlq:{s.name}:graph:g{self.generation}")
             for s in self.sources} if dead_letters else {}
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        records = self._read(batch)
-        for name, writer in self.dead_letters.items():
-            writer.publish(records[name].bad, batch_id)
+        held = self._held(batch_id)
+        if held is None:
+            # A rebuild switched the graph's views to a new generation: the engine
+            # restarts the query on it (engine.runner.follow_rebuilds).
+            return
+        records: Mapping[str, _Records] = {}
+        if len(held) < len(self.views):
+            records = self._read(batch)
+            for name, writer in self.dead_letters.items():
+                writer.publish(records[name].bad, batch_id)
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
         try:
-            # Each view's Delta step runs on `delta_steps` while the views after it compute
-            # and commit; the batch ends when every one is done (leaving the block waits for
-            # them, also when a view failed: a replay must not race them).
+            pending: dict[str, Pending] = {}
+            for level in self.levels:
+                # The views of a level read only views of earlier levels: they run at
+                # once (their Spark jobs share the cores).
+                with ThreadPoolExecutor(len(level), "graph-view") as pool:
+                    computed = pool.map(
+                        lambda v: self._compute(v, records, batch_id, held, pending), level)
+                    pending.update(zip((v.name for v in level), computed, strict=True))
+            lap = time.perf_counter()
+            if self._apply(batch_id, pending) == RETIRED:
+                return  # as above: the engine restarts the query on the new generation
+            self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
+            for view in self.views:
+                failpoint("after_redis", view.name)
             with ThreadPoolExecutor(len(self.views), "graph-delta") as delta_steps:
-                for level in self.levels:
-                    # The views of a level read only views of earlier levels: they run at
-                    # once (their Spark jobs share the cores, their commits overlap).
-                    with ThreadPoolExecutor(len(level), "graph-view") as pool:
-                        statuses = list(pool.map(
-                            lambda v: self._evaluate(v, records, batch_id, delta_steps), level))
-                    if RETIRED in statuses:
-                        # A rebuild switched the graph's views to a new generation: the
-                        # engine restarts the query on it (engine.runner.follow_rebuilds).
-                        return
-            self._wait_delta(self.committers)  # raises a failed Delta step
+                # Delta's MERGEs run while the change feeds are published: both only need
+                # Redis to hold the batch. Leaving the block waits for every MERGE.
+                merges = [delta_steps.submit(self.committers[n].to_delta, p)
+                          for n, p in pending.items()]
+                lap = time.perf_counter()
+                for name, done in pending.items():
+                    self.committers[name].publish(done)
+                self.timings["feed_ms"] = (time.perf_counter() - lap) * 1000
+            for merge in merges:
+                merge.result()  # a failed MERGE fails the batch, which Spark replays
         finally:
-            for committer in self.committers.values():
-                committer.delta_done = None
+            for view in self.views:
+                IN_FLIGHT.pop(view.name, None)
         self.timings["batch_ms"] = (time.perf_counter() - started) * 1000
         if log.isEnabledFor(logging.DEBUG):
             log.debug("graph batch %d: %s", batch_id,
                       ", ".join(f"{k} {v:.0f}" for k, v in self.timings.items()),
                       extra={"batch_id": batch_id, "timings": self.timings})
 
-    def _wait_delta(self, views: Iterable[str]) -> None:
-        """Wait for the views' Delta steps of this batch; a failure is raised (it fails
-        the batch, which Spark then replays: every step is idempotent)."""
-        for name in views:
-            done = self.committers[name].delta_done
-            if done is not None:
-                done.result()
+    def _held(self, batch_id: int) -> set[str] | None:
+        """The views whose Redis holds `batch_id` already (a replay after a crash past
+        their apply), in one round trip; None if a rebuild retired the graph's generation."""
+        pipe = self.redis.pipeline(transaction=False)
+        for view in self.views:
+            generation = self.committers[view.name].generation
+            pipe.hmget(meta_key(view.name), fence_field(generation), "generation")
+        held = set()
+        for view, (fence, live) in zip(self.views, pipe.execute(), strict=True):
+            if live is not None and int(live) > self.committers[view.name].generation:
+                return None
+            if fence is not None and int(fence) >= batch_id:
+                held.add(view.name)
+        return held
 
-    def _evaluate(self, view: View, records: Mapping[str, _Records], batch_id: int,
-                  delta_steps: Executor) -> int:
+    def _compute(self, view: View, records: Mapping[str, _Records], batch_id: int,
+                 held: set[str], pending: Mapping[str, Pending]) -> Pending:
+        """The view's batch, ready to commit: computed from the records and its inputs'
+        pending changes, or as Redis holds it already."""
+        committer = self.committers[view.name]
+        if view.name in held:
+            return committer.stored(batch_id)
         started = time.perf_counter()
-        before = None
         if view.kind is ViewKind.UPSERT:
             rows, deleted = self._upsert(view, records[view.source].latest)
-            ops: list[Op] = []
+            prepared = committer.prepare(batch_id, rows, deleted)
         else:
-            rows, deleted, before, ops = self._table(view, batch_id)
-        computed = time.perf_counter()
-        status = self.committers[view.name].commit(batch_id, rows, deleted, before,
-                                                   delta_in=delta_steps, extra_ops=ops)
-        self.timings[f"{view.name}_compute_ms"] = (computed - started) * 1000
-        self.timings[f"{view.name}_commit_ms"] = (time.perf_counter() - computed) * 1000
-        return status
+            rows, deleted, before, ops = self._table(view, batch_id, pending)
+            prepared = committer.prepare(batch_id, rows, deleted, before, ops)
+        self.timings[f"{view.name}_compute_ms"] = (time.perf_counter() - started) * 1000
+        return prepared
+
+    def _apply(self, batch_id: int, pending: Mapping[str, Pending]) -> int | None:
+        """Every view's Redis apply in one pipeline, between the graph's marks; RETIRED if
+        a rebuild retired the generation meanwhile."""
+        todo = [(name, p) for name, p in pending.items() if not p.applied]
+        marker = graph_key(self.generation)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(marker, GRAPH_APPLYING, batch_id)
+        for name, prepared in todo:
+            self.committers[name].queue_apply(prepared, pipe)
+        pipe.hset(marker, GRAPH_VERSION, batch_id)
+        pipe.hdel(marker, GRAPH_APPLYING)
+        statuses = [int(s) for s in pipe.execute()[1:-2]]
+        if RETIRED in statuses:
+            return RETIRED
+        for (name, prepared), status in zip(todo, statuses, strict=True):
+            self.committers[name].applied(prepared, status)
+        return None
 
     def _read(self, batch: DataFrame) -> dict[str, _Records]:
         """The batch's records per source, in one Spark job."""
@@ -269,17 +322,18 @@ class GraphBatch:
         self.dimensions[view.name].register(session)
         return rows_of(session.sql(view.sql)), deleted
 
-    def _table(self, view: View, batch_id: int
+    def _table(self, view: View, batch_id: int, pending: Mapping[str, Pending]
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Before | None, list[Op]]:
         """The view's new rows, deleted keys, what Redis held for every key it compared
         (the commit needs it too: read once), and the Redis writes of its states."""
-        changes = {name: [(e.before, e.row) for e in self.committers[name].last_events]
+        changes = {name: [(e.before, e.row) for e in pending[name].events]
                    for name in view.reads}
         changes = {name: pairs for name, pairs in changes.items() if pairs}
         if not changes:
             return [], [], None, []
         committer = self.committers[view.name]
-        self.current[view.name].forget()  # its inputs' rows of the last batch
+        # Its inputs' rows as this batch leaves them: Redis does not hold the batch yet.
+        self.current[view.name].start_batch({name: pending[name].new_rows() for name in changes})
         read: list[Before] = []
 
         def stored(keys: set[Key]) -> dict[Key, dict[str, Any]]:

@@ -76,6 +76,13 @@ class View:
     grants: tuple[Grant, ...] = ()  # who may read it besides the admin role (schema.permissions)
 
     @property
+    def in_graph(self) -> bool:
+        """Whether the view graph runs it (one query, one batch id as the version of all its
+        views, schema.storage.graph_key): upsert views and views over views. Stream
+        aggregates keep queries, and versions, of their own."""
+        return self.kind in (ViewKind.UPSERT, ViewKind.TABLE)
+
+    @property
     def reads(self) -> tuple[str, ...]:
         """The views this view's SQL reads (its inputs that are views)."""
         upstream = (self.source,) if self.kind == ViewKind.TABLE else ()

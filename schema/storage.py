@@ -244,6 +244,19 @@ def generation_pattern(view: str, generation: int) -> str:
     return f"{REDIS_PREFIX}{view}:g{generation}:*"
 
 
+def graph_key(generation: int) -> str:
+    """The view graph's version (engine.graph), per generation of the graph's views: a
+    hash whose `version` field is the last batch every graph view holds in Redis and
+    whose `applying` field, while present, names the batch being applied. The graph
+    applies all its views of a batch between the two, in one round trip; a reader of
+    several graph views that finds the same `version` and no `applying` before and after
+    its reads has read one version of all of them (gateway.reads.consistency)."""
+    return f"{REDIS_PREFIX}graph:g{generation}"
+
+
+GRAPH_VERSION, GRAPH_APPLYING = "version", "applying"
+
+
 INDEX_SEPARATOR = "\x00"
 
 

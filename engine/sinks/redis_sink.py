@@ -105,11 +105,13 @@ class RedisSink:
         old_rows: Mapping[str, Mapping[str, Any]],
         outbox: bytes = b"",
         extra_ops: Sequence[Op] = (),
-    ) -> int:
+        client: Any = None,
+    ) -> int | None:
         """APPLIED, REPLAYED (Redis already holds this batch) or RETIRED (a rebuild
         replaced this generation), as schema.storage names them. `outbox` (the batch's
         change events) is stored with the rows, atomically, and so are `extra_ops` (an
-        aggregate view's states)."""
+        aggregate view's states). Given a pipeline as `client`, the apply is queued on it
+        and its answer comes with the pipeline's."""
         ops = list(extra_ops)
         for key, row in upserts.items():
             ops.append(op_set(row_key(self.view.name, generation, key), encode_row(row)))
@@ -127,6 +129,9 @@ class RedisSink:
             ops += [op_zrem(k, m) for k, _, m in old]
         args = apply_batch_args(batch_id, generation, meta, ops, outbox)
         keys = [meta_key(self.view.name), outbox_key(self.view.name, generation)]
+        if client is not None:
+            self.apply_script(keys=keys, args=args, client=client)
+            return None
         return int(self.apply_script(keys=keys, args=args))
 
     def states(self, generation: int, keys: list[str]) -> tuple[dict[str, bytes], bool]:

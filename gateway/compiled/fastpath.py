@@ -39,6 +39,7 @@ from graphql.execution.values import get_variable_values
 from gateway.access.limits import query_cost
 from gateway.compiled.fastlayout import Column, NotCompilable, column, fields, layout, unique
 from gateway.compiled.fastlists import ListPlan, compile_list
+from gateway.reads.consistency import GraphVersion
 from gateway.reads.freshness import Freshness
 from gateway.reads.reads import Reads
 from gateway.types.types import ViewTypes, list_name, lookup_name
@@ -90,10 +91,10 @@ class Plan:
             out[name] = value
         return out
 
-    async def run(self, reads: Reads, given: Any) -> bytes | None:
+    async def run(self, reads: Reads, given: Any, graph: GraphVersion,
+                  document: tuple[str, str | None]) -> bytes | None:
         if given is not None and not isinstance(given, dict):
             return None
-        fresh = Freshness()
         coerced = None
         try:
             if self.lists:
@@ -114,17 +115,24 @@ class Plan:
                 variables = self._variables(given)
                 if variables is None:
                     return None
-            values = await self._lookups(reads, fresh, variables)
-            values.update((r.response_key, "Query") for r in self.roots
-                          if isinstance(r, _Typename))
-            for plan in self.lists:
-                assert coerced is not None
-                values[plan.response_key] = await plan.run(reads, fresh, coerced,
-                                                           self.fast.settings)
+
+            async def attempt() -> tuple[tuple[dict[str, Any], Freshness], Freshness]:
+                fresh = Freshness()
+                values = await self._lookups(reads, fresh, variables)
+                values.update((r.response_key, "Query") for r in self.roots
+                              if isinstance(r, _Typename))
+                for plan in self.lists:
+                    assert coerced is not None
+                    values[plan.response_key] = await plan.run(reads, fresh, coerced,
+                                                               self.fast.settings)
+                return (values, fresh), fresh
+
+            # Several views of the graph (a to-one relationship) are read at one version.
+            values, fresh = await graph.run(document, attempt)
         except (GraphQLError, NotCompilable, KeyError, ValueError, TypeError):
             return None
         data = {root.response_key: values[root.response_key] for root in self.roots}
-        return orjson.dumps({"data": data, "extensions": {"freshness": fresh.report()}})
+        return orjson.dumps({"data": data, "extensions": graph.extensions(fresh)})
 
     async def _lookups(self, reads: Reads, fresh: Freshness,
                        variables: dict[str, Any]) -> dict[str, Any]:
@@ -177,11 +185,11 @@ class FastPath:
             self.plans.popitem(last=False)
 
     async def run(self, query: str, operation_name: str | None, variables: Any,
-                  reads: Reads) -> bytes | None:
+                  reads: Reads, graph: GraphVersion) -> bytes | None:
         plan = self.plans.get((query, operation_name))
         if plan is None:
             return None
-        return await plan.run(reads, variables)
+        return await plan.run(reads, variables, graph, (query, operation_name))
 
     def _compile(self, query: str, operation_name: str | None) -> Plan:
         document = parse(query, no_location=True)

@@ -46,8 +46,9 @@ from gateway.access.limits import limit_code
 from gateway.access.persisted import PersistedQueries, PersistedQueryError
 from gateway.http.body import BadContentLength, BodyTooLarge, read_limited
 from gateway.ops.metrics import ERRORS, observe_request
+from gateway.reads.consistency import GraphVersion
 from gateway.reads.filters import QueryError
-from gateway.reads.freshness import parse_min_versions, wait_for_versions
+from gateway.reads.freshness import Freshness, parse_min_versions, wait_for_versions
 from gateway.types.types import RequestContext
 from schema.logs import REQUEST_ID
 
@@ -216,6 +217,7 @@ class GraphQLHTTP:
         # gateway.compiled.fastpath.FastPath, handed in by gateway.app (this package is
         # below the compiled one); None: every request takes the general path.
         self.fast = fast
+        self.graph = GraphVersion(reads.redis, catalog)
         self.ide = get_graphql_ide_html(graphql_ide="graphiql")
 
     async def handle(self, request: Request) -> Response:
@@ -296,13 +298,13 @@ class GraphQLHTTP:
             return None
         if self.access is not None and not await self.access.admin_request(authorization, role):
             return None
-        return await self.fast.run(req.query, req.operation_name, req.variables, self.reads)
+        return await self.fast.run(req.query, req.operation_name, req.variables, self.reads,
+                                   self.graph)
 
     async def execute(self, req: GraphQLRequest, media: str, is_get: bool,
                       principal: Principal | None = None) -> Response:
         schema = self.schema if principal is None else self.access.schema_for(principal)
-        context = RequestContext(self.reads, self.catalog,
-                                 scope=principal.scope if principal is not None else None)
+        scope = principal.scope if principal is not None else None
         try:
             readable = (self.catalog.views if principal is None or principal.scope is None
                         else principal.scope.conditions)  # a role: the views granted to it
@@ -324,11 +326,19 @@ class GraphQLHTTP:
                 return _not_over_get(kind, media)
         allowed = {OperationType.QUERY} if is_get else {OperationType.QUERY,
                                                          OperationType.MUTATION}
-        try:
+        contexts: list[RequestContext] = []
+
+        async def attempt() -> tuple[ExecutionResult, Freshness]:
+            contexts.append(RequestContext(self.reads, self.catalog, scope=scope))
             result = await schema.execute(
-                req.query, variable_values=req.variables, context_value=context,
+                req.query, variable_values=req.variables, context_value=contexts[-1],
                 operation_name=req.operation_name, allowed_operation_types=allowed,
                 operation_extensions=req.extensions)
+            return result, contexts[-1].fresh
+
+        try:
+            # Several views of the graph read in one request are read at one version.
+            result = await self.graph.run((req.query, req.operation_name), attempt)
         except InvalidOperationTypeError as exc:
             if is_get:
                 return _not_over_get(exc.operation_type.value, media)
@@ -341,7 +351,7 @@ class GraphQLHTTP:
             return request_error(message, media, 422)
         except MissingQueryError:
             return request_error("the request has no query", media, 422)
-        return self._response(result, context, media, req,
+        return self._response(result, contexts[-1], media, req,
                               principal is None or principal.admin)
 
     def _response(self, result: ExecutionResult, context: RequestContext, media: str,
@@ -363,7 +373,7 @@ class GraphQLHTTP:
                          for e in errors)  # the token limit stops the parser: ours, 422
             return respond(body, media, 400 if syntax else 422)
         body["data"] = result.data
-        body["extensions"] = {"freshness": context.fresh.report()}
+        body["extensions"] = self.graph.extensions(context.fresh)
         if self.fast is not None and not errors and admin:  # plans serve the admin role
             self.fast.learn(req.query, req.operation_name)
         return respond(body, media, partial_status(media) if errors else 200)

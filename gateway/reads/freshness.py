@@ -30,6 +30,9 @@ class Freshness:
     def __init__(self) -> None:
         self.latest: dict[str, Seen] = {}
         self.as_of: dict[str, Seen] = {}
+        # The one version of the view graph every graph view read was at, when the request
+        # read several (gateway.reads.consistency; None: not to be had); unset otherwise.
+        self.graph_version: int | None | type[_Unset] = _Unset
 
     def note(self, view: str, seen: Seen, as_of: bool = False) -> None:
         book = self.as_of if as_of else self.latest
@@ -46,6 +49,10 @@ class Freshness:
                 entry["asOf"] = _entry(self.as_of[view], now_ms)
             out[view] = entry
         return out
+
+
+class _Unset:
+    """Freshness.graph_version of a request that read at most one graph view."""
 
 
 def _older(a: Seen, b: Seen) -> bool:

@@ -21,6 +21,8 @@ from redis.exceptions import RedisError
 
 from gateway.reads.indexes import PAGE_BY_SCORE_LUA, Range
 from schema.storage import (
+    GRAPH_APPLYING,
+    GRAPH_VERSION,
     META_COMMITTED_AT_MS,
     META_GENERATION,
     META_VERSION,
@@ -29,6 +31,7 @@ from schema.storage import (
     Op,
     complete_field,
     fence_field,
+    graph_key,
     index_key,
     meta_key,
     row_key,
@@ -233,6 +236,17 @@ class RedisStore:
                     pipe.zrangebyscore(key, *r.score(), **page)
 
         return await self._run(view, build)
+
+    async def graph_mark(self, generation: int) -> tuple[int | None, int | None]:
+        """The view graph's `version` and `applying` marks (gateway.reads.consistency)."""
+        if not self.available:
+            raise RedisUnavailable("Redis failed recently")
+        try:
+            version, applying = await self.client.hmget(graph_key(generation), GRAPH_VERSION,
+                                                        GRAPH_APPLYING)
+        except RedisError as exc:
+            raise self._failed(exc) from exc
+        return _int(version), _int(applying)
 
     async def warm(self, view: str, generation: int, fence_seen: int | None, delta_batch: int,
                    committed_at_ms: int, complete: bool, ops: Sequence[Op]) -> bool:

@@ -56,13 +56,24 @@ def test_rows_come_from_redis_by_key_and_index_and_from_delta_otherwise(
     assert reader.rows_where("OrderRecord", "customer_id", {"C9"}) == []
     assert delta.calls == []
 
-    # Within a batch a row is read from Redis once: the next batch's rows after forget().
+    # Within a batch a row is read from Redis once: the next batch's rows after start_batch.
     ViewCommitter(settings, view, 0).commit(1, [{**order("O1", "C1"), "status": "paid"}])
     assert [r["status"] for r in reader.rows_where("OrderRecord", "order_id", {"O1"})] \
         == ["placed"]
-    reader.forget()
+    reader.start_batch({})
     assert [r["status"] for r in reader.rows_where("OrderRecord", "order_id", {"O1"})] \
         == ["paid"]
+
+    # The batch's changes lie over what Redis holds: O1 moved to C2, O2 deleted, O9 new.
+    reader.start_batch({"OrderRecord": {"O1": {**order("O1", "C2"), "status": "paid"},
+                                        "O2": None, "O9": order("O9", "C1")}})
+    assert [r["order_id"] for r in reader.rows_where("OrderRecord", "customer_id", {"C1"})] \
+        == ["O9"]
+    assert sorted(r["order_id"] for r in reader.rows_where("OrderRecord", "customer_id",
+                                                           {"C2"})) == ["O1", "O3"]
+    assert reader.rows_where("OrderRecord", "order_id", {"O1", "O2"}) == [
+        {**order("O1", "C2"), "status": "paid"}]
+    reader.start_batch({})
 
     # Not indexed: Delta, with the same answer Redis would give.
     assert [r["order_id"] for r in reader.rows_where("OrderRecord", "product_id", {"P1"})] \

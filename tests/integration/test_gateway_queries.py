@@ -6,7 +6,10 @@ from __future__ import annotations
 import datetime
 
 import pytest
+import redis
 from graphql_client import data, gql
+
+from schema.storage import GRAPH_APPLYING, graph_key
 
 pytestmark = pytest.mark.integration
 
@@ -236,3 +239,41 @@ def test_as_of_reads_an_earlier_version_from_delta(gateway_client, gateway_shop)
     assert by_time["data"]["order"] is None, "before the first batch the view was empty"
     future = gql(gateway_client, query, {"key": key, "asOf": {"version": after + 100}})
     assert future["errors"][0]["extensions"]["code"] == "BAD_AS_OF"
+
+
+def test_a_request_reading_several_graph_views_reads_them_at_one_version(
+        gateway_client, gateway_shop):
+    key = sorted(gateway_shop.orders)[5]
+    query = ("query($id: String!) { order(orderId: $id) { orderId customer { customerId "
+             "stats { orderCount } } } }")
+    body = gql(gateway_client, query, {"id": key})
+    assert body["data"]["order"]["customer"]["customerId"] == \
+        gateway_shop.orders[key]["customer_id"]
+    version = body["extensions"]["graphVersion"]
+    assert version == gateway_shop.order_versions[-1]
+    fresh = body["extensions"]["freshness"]
+    assert {fresh[v]["version"] for v in ("Order", "Customer", "CustomerStats")} == {version}
+    # One view read: nothing to bracket, no graph version reported.
+    single = gql(gateway_client, query.replace(" customer { customerId stats { orderCount } }",
+                                               ""), {"id": key})
+    assert "graphVersion" not in single["extensions"]
+
+
+def test_a_batch_left_half_applied_is_said_not_hidden(gateway_client, gateway_shop):
+    # The engine died between its `applying` and `version` marks: until its restart
+    # replays the batch, a request over several views cannot be promised one version.
+    client = redis.Redis.from_url(gateway_shop.settings.redis_url)
+    marker = graph_key(0)
+    client.hset(marker, GRAPH_APPLYING, gateway_shop.order_versions[-1] + 1)
+    try:
+        key = sorted(gateway_shop.orders)[6]
+        body = gql(gateway_client, "query($id: String!) { order(orderId: $id) { orderId "
+                   "customer { customerId } } }", {"id": key})
+        assert body["data"]["order"]["orderId"] == key
+        assert body["extensions"]["graphVersion"] is None
+    finally:
+        client.hdel(marker, GRAPH_APPLYING)
+        client.close()
+    body = gql(gateway_client, "query($id: String!) { order(orderId: $id) { orderId "
+               "customer { customerId } } }", {"id": key})
+    assert body["extensions"]["graphVersion"] == gateway_shop.order_versions[-1]

@@ -1,0 +1,90 @@
+"""One version of the view graph within a request (gateway.reads.consistency): the
+seqlock's decisions, over scripted marks (the integration tests read the engine's own)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+from gateway.reads.consistency import ATTEMPTS, GraphVersion
+from gateway.reads.freshness import Freshness, Seen
+from schema import demo
+
+
+class ScriptedMarks:
+    """Stands in for RedisStore's two calls the seqlock makes: the marks, in turn."""
+
+    def __init__(self, marks: list[tuple[int | None, int | None]]) -> None:
+        self.marks: Iterator[tuple[int | None, int | None]] = iter(marks)
+        self.asked = 0
+
+    def generation(self, view: str) -> int:
+        return 0
+
+    async def graph_mark(self, generation: int) -> tuple[int | None, int | None]:
+        self.asked += 1
+        return next(self.marks)
+
+
+def _attempts(views: tuple[str, ...], versions: list[int]):
+    """An execution that reads `views` from Redis at the given meta version, each run."""
+    runs = iter(versions)
+
+    async def attempt():
+        fresh = Freshness()
+        version = next(runs)
+        for view in views:
+            fresh.note(view, Seen(version, None, None, "redis"))
+        return "answer", fresh
+    return attempt
+
+
+def _run(graph: GraphVersion, attempt) -> Freshness:
+    seen: list[Freshness] = []
+
+    async def recorded():
+        result, fresh = await attempt()
+        seen.append(fresh)
+        return result, fresh
+
+    assert asyncio.run(graph.run(("q", None), recorded)) == "answer"
+    return seen[-1]
+
+
+def test_one_view_is_never_bracketed():
+    marks = ScriptedMarks([])
+    fresh = _run(GraphVersion(marks, demo.CATALOG), _attempts(("Order",), [7, 7]))
+    assert marks.asked == 0 and not GraphVersion(marks, demo.CATALOG).read_several(fresh)
+
+
+def test_a_new_document_over_several_views_runs_again_bracketed_then_stays_bracketed():
+    marks = ScriptedMarks([(8, None), (8, None), (9, None), (9, None)])
+    graph = GraphVersion(marks, demo.CATALOG)
+    fresh = _run(graph, _attempts(("Order", "Customer"), [7, 8]))
+    # The cached meta said 7 for the second run; the bracket proves the rows are at 8.
+    assert fresh.graph_version == 8 and fresh.latest["Customer"].version == 8
+    assert marks.asked == 2
+    fresh = _run(graph, _attempts(("Order", "Customer"), [9]))
+    assert fresh.graph_version == 9 and marks.asked == 4  # bracketed at once
+
+
+def test_a_batch_landing_during_the_reads_runs_the_request_again():
+    marks = ScriptedMarks([(8, None), (9, None), (9, None), (9, None)])
+    graph = GraphVersion(marks, demo.CATALOG)
+    graph._learn(("q", None))
+    fresh = _run(graph, _attempts(("Order", "CustomerStats"), [8, 9]))
+    assert fresh.graph_version == 9 and marks.asked == 4
+
+
+def test_batches_landing_every_time_give_up_and_say_so():
+    marks = ScriptedMarks([(v, None) for v in range(2 * ATTEMPTS)])
+    graph = GraphVersion(marks, demo.CATALOG)
+    graph._learn(("q", None))
+    fresh = _run(graph, _attempts(("Order", "Customer"), list(range(ATTEMPTS))))
+    assert fresh.graph_version is None and marks.asked == 2 * ATTEMPTS
+
+
+def test_a_stream_aggregate_is_not_part_of_the_graph():
+    marks = ScriptedMarks([])
+    fresh = _run(GraphVersion(marks, demo.CATALOG), _attempts(("Order", "ProductSales"), [3]))
+    assert marks.asked == 0 and not GraphVersion(marks, demo.CATALOG).read_several(fresh)
