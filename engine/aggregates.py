@@ -312,7 +312,7 @@ class AggregateStep:
         frame_of(spark, rows, _with_side(self.input_schema)).createOrReplaceTempView(
             self.plan.table)
         out = {}
-        for row in rows_of(spark.sql(self.plan.partial_sql)):
+        for row in rows_of(spark.sql(self.plan.partial_sql), len(rows)):
             key = tuple(json_value(row[g]) for g in self.plan.group)
             out[(key, row[SIDE])] = {n: row[n] for n in self.codec.names}
         return out
@@ -328,7 +328,7 @@ class AggregateStep:
         rows = [{**dict(zip(group, k, strict=True)), **s} for k, s in states.items()]
         frame_of(spark, rows, self.codec.schema).createOrReplaceTempView(STATE_VIEW)
         out = {}
-        for row in rows_of(spark.sql(self.plan.final_sql)):
+        for row in rows_of(spark.sql(self.plan.final_sql), len(rows)):
             out[tuple(json_value(row[g]) for g in group)] = row
         return out
 

@@ -320,7 +320,7 @@ class GraphBatch:
         frame_of(session, live, self.source_schemas[source.name]).createOrReplaceTempView(
             source.name)
         self.dimensions[view.name].register(session)
-        return rows_of(session.sql(view.sql)), deleted
+        return rows_of(session.sql(view.sql), len(live)), deleted
 
     def _table(self, view: View, batch_id: int, pending: Mapping[str, Pending]
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Before | None, list[Op]]:

@@ -146,7 +146,7 @@ def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[
     (`SparkSession.newSession()`), or hold engine.analysis.SQL_LOCK."""
     for table, schema in view.inputs.items():
         frame_of(spark, gathered.get(table, []), schema).createOrReplaceTempView(table)
-    rows = rows_of(spark.sql(view.sql))
+    rows = rows_of(spark.sql(view.sql), sum(map(len, gathered.values())))
     out = {}
     for row in rows:
         key = _key(row, view.key)

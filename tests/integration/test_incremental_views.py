@@ -5,6 +5,7 @@ each view equals its SQL run as a Spark batch query over its inputs' current row
 
 from __future__ import annotations
 
+import datetime
 import random
 
 import pytest
@@ -18,19 +19,23 @@ from engine.lineage import lineage
 pytestmark = pytest.mark.integration
 
 SCHEMAS = {
-    "OrderRecord": "order_id STRING, customer_id STRING, amount DOUBLE, status STRING",
+    "OrderRecord": "order_id STRING, customer_id STRING, amount DOUBLE, status STRING, "
+                   "ts TIMESTAMP",
     "Customer": "customer_id STRING, tier STRING",
     "Order": "order_id STRING, customer_id STRING, amount DOUBLE, status STRING, "
-             "customer_tier STRING",
+             "ts TIMESTAMP, customer_tier STRING",
 }
 ORDER_SQL = """
-    SELECT o.order_id, o.customer_id, o.amount, o.status, c.tier AS customer_tier
+    SELECT o.order_id, o.customer_id, o.amount, o.status, o.ts, c.tier AS customer_tier
     FROM OrderRecord o LEFT JOIN Customer c ON o.customer_id = c.customer_id"""
 STATS_SQL = """
     SELECT customer_id, count(*) AS order_count, sum(amount) AS total_spent,
            min(amount) AS min_order, max(amount) AS max_order,
-           count(DISTINCT status) AS statuses, max_by(order_id, amount) AS biggest_order
+           count(DISTINCT status) AS statuses, max_by(order_id, amount) AS biggest_order,
+           max(ts) AS last_order_at
     FROM `Order` WHERE status <> 'cancelled' GROUP BY customer_id"""
+# Times as the engine's rows carry them (aware, UTC); Spark's batch query answers naive UTC.
+START = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 KEYS = {"OrderRecord": ("order_id",), "Customer": ("customer_id",), "Order": ("order_id",),
         "CustomerStats": ("customer_id",)}
 
@@ -76,7 +81,8 @@ def _batch(rng: random.Random, tables: Tables, next_order: list[int]) -> dict[st
             next_order[0] += 1
             oid = f"O{next_order[0]:04d}"
             row = {"order_id": oid, "customer_id": f"C{rng.randrange(7)}",
-                   "amount": float(rng.randrange(1, 500)), "status": "placed"}
+                   "amount": float(rng.randrange(1, 500)), "status": "placed",
+                   "ts": START + datetime.timedelta(minutes=rng.randrange(10_000))}
             key, table = (oid,), "OrderRecord"
         elif roll < 0.9:  # an order changes: status (in or out of the WHERE), customer, amount
             key = rng.choice(list(orders))
@@ -86,8 +92,10 @@ def _batch(rng: random.Random, tables: Tables, next_order: list[int]) -> dict[st
                 row["status"] = rng.choice(["paid", "shipped", "cancelled", "placed"])
             elif what < 0.8:
                 row["customer_id"] = f"C{rng.randrange(7)}"  # moves to another group
-            else:
+            elif what < 0.9:
                 row["amount"] = float(rng.randrange(1, 500))
+            else:
+                row["ts"] = START + datetime.timedelta(minutes=rng.randrange(10_000))
             table = "OrderRecord"
         else:  # an order is deleted
             key, table, row = rng.choice(list(orders)), "OrderRecord", None
@@ -104,6 +112,9 @@ def _batch_query(spark, sql: str, tables: Tables, inputs: dict[str, StructType],
             spark.createDataFrame(list(tables.data[table].values()), schema
                                   ).createOrReplaceTempView(table)
         rows = [r.asDict(recursive=True) for r in spark.sql(sql).collect()]
+    for row in rows:
+        row.update((c, v.replace(tzinfo=datetime.UTC)) for c, v in row.items()
+                   if isinstance(v, datetime.datetime))
     return {tuple(r[k] for k in key): r for r in rows}
 
 
@@ -143,7 +154,8 @@ def test_views_over_views_equal_their_batch_query_after_every_batch(spark, seed)
 SPLIT_SQL = """
     SELECT customer_id, count(*) AS order_count, sum(amount) AS total_spent,
            CAST(avg(amount) AS DOUBLE) AS avg_order, min(amount) AS min_order,
-           max(amount) AS max_order, count(status) AS with_status
+           max(amount) AS max_order, count(status) AS with_status,
+           min(ts) AS first_order_at, max(ts) AS last_order_at
     FROM `Order` WHERE status <> 'cancelled' GROUP BY customer_id HAVING count(*) < 40"""
 
 
