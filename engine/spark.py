@@ -6,11 +6,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
+from engine.class_archive import java_options
 from schema.settings import Settings
 
 
@@ -37,7 +39,10 @@ def _jvm_ignoring_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkSession:
+def build_spark(settings: Settings, app_name: str = "viewgate-engine",
+                extra_java_options: str | None = None) -> SparkSession:
+    """The engine's SparkSession. `extra_java_options` go to the driver's JVM (default: the
+    class-data archive `viewgate setup` made, engine.class_archive, if there is one)."""
     jars = settings.spark_jar_paths()
     if not any("spark-sql-kafka" in j for j in jars) or not any("delta-spark" in j for j in jars):
         raise MissingJarsError(
@@ -46,6 +51,10 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
             "VIEWGATE_SPARK_JARS to a comma-separated list of jar paths."
         )
     python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Collected Spark rows carry timestamps in the driver process's local time zone (PySpark's
+    # TimestampType.fromInternal): run the process in UTC, as Spark's session runs.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)
@@ -96,7 +105,9 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine") -> SparkS
         # is full. Compiler has been disabled"): reserve what tiered compilation does.
         .config("spark.driver.extraJavaOptions",
                 "-Dlog4j2.level=WARN -Xrs -XX:TieredStopAtLevel=1 "
-                "-XX:ReservedCodeCacheSize=240m")
+                "-XX:ReservedCodeCacheSize=240m " + (
+                    java_options(settings) if extra_java_options is None
+                    else extra_java_options))
         # Checkpoints keep this many batches (offsets, commits, state versions), no more.
         # Python workers run this interpreter (the project's virtualenv), not whatever
         # `python3` comes first on PATH (PySpark reads PYSPARK_PYTHON, set below).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 from schema.settings import Settings
 from viewgate.stack import jars
@@ -79,3 +80,18 @@ def setup(settings: Settings, say=print) -> None:
         folder = jars.resolve(settings.jar_dir, bundle, settings.maven_repository)
         say(f"{bundle} jars: {folder} ({len(list(folder.glob('*.jar')))} jars)")
     say(f"dashboard: {build_dashboard()}")
+    say(f"spark class archive: {ensure_class_archive(settings)}")
+
+
+def ensure_class_archive(settings: Settings) -> str:
+    """Spark's JVM class-data archive (engine.class_archive), built once per machine."""
+    from engine.class_archive import archive_path, build_archive
+
+    path = archive_path(settings)
+    if path.is_file():
+        return str(path)
+    started = time.monotonic()
+    built = build_archive(settings)
+    if built is None:
+        return "could not be built; Spark starts without it (slower)"
+    return f"{built} (built in {time.monotonic() - started:.0f} s)"
