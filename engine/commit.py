@@ -149,7 +149,14 @@ class ViewCommitter:
         Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
         pending = self.prepare(batch_id, rows, deleted, before, extra_ops)
         try:
+            started = time.perf_counter()
             status = self.redis.apply(**self._apply_args(pending))
+            if log.isEnabledFor(logging.DEBUG):
+                redis_ms = (time.perf_counter() - started) * 1000
+                log.debug("%s batch %d: %d upserts, %d deletes; redis %.0f ms", self.view.name,
+                          batch_id, len(pending.redis_upserts), len(pending.redis_deletes),
+                          redis_ms, extra={"view": self.view.name, "batch_id": batch_id,
+                                           "timings": {"redis_ms": redis_ms}})
             self.applied(pending, status)
             if status == RETIRED:
                 return status  # readers moved to a rebuilt generation; the engine restarts us

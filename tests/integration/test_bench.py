@@ -58,7 +58,11 @@ def test_engine_group_reports_every_figure(spark, settings, tmp_path):
     written = run_group(engine.GROUP, spark, settings, tmp_path, redis_db=8)
     assert written["engine_events"] == TINY.engine_events
     assert written["engine_freshness_samples"] >= 100
-    assert written["engine_profile_ms"]["CustomerStats"]["delta_ms"] > 0
+    # The graph's batch, step by step: its read, each view's computation, Redis, feeds, Delta.
+    graph = written["engine_profile_ms"]["graph"]
+    assert all(graph[step] > 0 for step in ("read_ms", "Order_compute_ms", "apply_ms",
+                                            "feed_ms", "delta_ms", "batch_ms")), graph
+    assert written["engine_live_profile_ms"]["graph"]["CustomerStats_compute_ms"] > 0
     assert set(written["engine_freshness_by_view"]) == {
         "Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales"}
     assert written["engine_restart_to_commit_max_s"] >= written["engine_restart_to_commit_s"]

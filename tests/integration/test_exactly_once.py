@@ -108,9 +108,11 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     assert _metric(engine, "viewgate_view_processed_rows_per_second", "Customer") is not None
     engine.kill()
 
-    # Each run gets fresh orders, and dies at a different step of some commit: of the
-    # deepest view over views, of the view it reads, after the upstream view of the graph
-    # committed in full (the views over it not yet), and of the stream aggregate's query.
+    # Each run gets fresh orders, and dies at a different step of some commit: after the
+    # graph's Redis apply (every view applied, no change published: the replay computes
+    # nothing and republishes the outboxes), after the change feed of a view over views
+    # (the deepest view's feed not yet), after the Delta MERGE of the graph's first view
+    # (the others' maybe not), and in the stream aggregate's query.
     failpoints = ["after_redis:CustomerStats", "after_changefeed:Order",
                   "after_delta:OrderRecord", "after_delta:ProductSales"]
     for chunk, failpoint in zip(chunks, failpoints, strict=False):
