@@ -6,10 +6,12 @@ group from all of its rows each batch (engine.incremental): a customer's totals 
 of the customer's orders, so a batch cost what the view's history holds, not what the batch
 changed. Here each group keeps a small partial state (its row count and, per aggregate, the
 count, sum, min or max of its argument) in Redis, written in the same fenced transaction as
-the view's rows. A batch then runs, with Spark, the view's own aggregate split in two:
-1. the *partial* query over the changed input rows only (previous rows on one side, new
-   rows on the other, the view's WHERE applied to both) gives each affected group what
-   left it and what joined it;
+the view's rows. A batch then runs the view's own aggregate split in two:
+1. the *partial* step over the changed input rows only (previous rows on one side, new
+   rows on the other): Spark evaluates the view's WHERE and each aggregate's argument over
+   them (a projection of local rows, which Spark's optimizer answers without a job), and
+   the rows of each group and side are counted, summed, and their min and max kept: what
+   left each affected group and what joined it;
 2. the states are combined: counts and sums by addition and subtraction, min and max kept
    unless the extreme itself left the group (then, and when a group has no state, the
    group is recomputed from all its rows by the partial query: exact, as before);
@@ -60,6 +62,7 @@ class Part:
     name: str
     kind: str  # "count" (rows or non-null values), "sum", "min", "max"
     counted_by: str = COUNT  # the count column saying whether a sum, min or max is empty
+    argument: str = ""  # the column of `AggregatePlan.rows_sql` holding its argument
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ class AggregatePlan:
     table: str  # the one input
     group: tuple[str, ...]  # GROUP BY columns, in the order of the view's key
     columns: frozenset[str]  # the input columns the SQL reads
-    partial_sql: str  # per group and side: the state of the rows of that side
+    partial_sql: str  # per group and side: the state of the rows of that side (its types)
+    rows_sql: str  # per input row kept by the WHERE: its group, side and each argument
     final_sql: str  # the view's rows from the groups' states
     parts: tuple[Part, ...]
 
@@ -109,6 +113,8 @@ def plan_aggregate(sql: str, key: Sequence[str]) -> AggregatePlan | None:
     partial = [*(g.copy() for g in group.expressions), exp.column(SIDE),
                exp.alias_(exp.Count(this=exp.Star()), COUNT)]
     named: dict[tuple[str, str], str] = {}  # (kind, argument) -> its state column
+    arguments: dict[str, str] = {}  # argument -> its column in rows_sql
+    projected = [*(g.copy() for g in group.expressions), exp.column(SIDE)]
 
     def state(kind: str, argument: exp.Expression, call: type[exp.AggFunc],
               counted_by: str = COUNT) -> str:
@@ -116,7 +122,11 @@ def plan_aggregate(sql: str, key: Sequence[str]) -> AggregatePlan | None:
         if found is None:
             found = named[(kind, argument.sql())] = f"__vg_{kind}{len(named)}"
             partial.append(exp.alias_(call(this=argument.copy()), found))
-            parts.append(Part(found, kind, counted_by))
+            column = arguments.get(argument.sql())
+            if column is None:
+                column = arguments[argument.sql()] = f"__vg_arg{len(arguments)}"
+                projected.append(exp.alias_(argument.copy(), column))
+            parts.append(Part(found, kind, counted_by, column))
         return found
 
     finals: dict[int, exp.Expression] = {}
@@ -141,8 +151,10 @@ def plan_aggregate(sql: str, key: Sequence[str]) -> AggregatePlan | None:
     columns = frozenset(c.name for c in tree.find_all(exp.Column))
     partial_tree = exp.select(*partial).from_(source.this.copy()).group_by(
         *(g.copy() for g in group.expressions), exp.column(SIDE))
+    rows_tree = exp.select(*projected).from_(source.this.copy())
     if tree.args.get("where"):
         partial_tree.set("where", tree.args["where"].copy())
+        rows_tree.set("where", tree.args["where"].copy())
     final_tree = tree.copy()
     for call in list(final_tree.find_all(exp.AggFunc)):
         original = calls[[c.sql() for c in calls].index(call.sql())]
@@ -156,7 +168,8 @@ def plan_aggregate(sql: str, key: Sequence[str]) -> AggregatePlan | None:
         final_tree.set("where", exp.Where(this=having.this))
     by_key = {c: i for i, c in enumerate(key)}
     return AggregatePlan(table, tuple(sorted(group_columns, key=by_key.__getitem__)), columns,
-                         partial_tree.sql("spark"), final_tree.sql("spark"), tuple(parts))
+                         partial_tree.sql("spark"), rows_tree.sql("spark"),
+                         final_tree.sql("spark"), tuple(parts))
 
 
 State = dict[str, Any]  # COUNT and every part's name -> value
@@ -212,6 +225,18 @@ def relevant(plan: AggregatePlan, changes: Sequence[Change]) -> list[Change]:
     return [(b, a) for b, a in changes if not same(b, a)]
 
 
+def _accumulate(part: Part, state: Any, value: Any) -> Any:
+    """One more row's argument (not null) into a part of a group's state, as Spark's
+    count, sum, min and max take it."""
+    if part.kind == "count":
+        return state + 1
+    if state is None:
+        return value
+    if part.kind == "sum":
+        return state + value
+    return min(state, value) if part.kind == "min" else max(state, value)
+
+
 def _combine(part: Part, stored: Any, removed: Any, added: Any) -> Any:
     if part.kind in ("count", "sum"):
         return (stored or 0) + (added or 0) - (removed or 0)
@@ -263,8 +288,7 @@ class AggregateStep:
         # A key with a null has no stored row nor state: its row is dead-lettered (commit).
         texts = {k: key_of(k) for k in keys if None not in k}
         old_states, complete = states(list(texts.values()))
-        empty = {COUNT: 0, **{p.name: 0 if p.kind == "count" else None
-                              for p in self.plan.parts}}
+        empty = self.empty()
         new_states: dict[Key, State] = {}
         recompute: set[Key] = set()
         for key in keys:
@@ -309,13 +333,28 @@ class AggregateStep:
         return out, to_store
 
     def _partial(self, spark: SparkSession, rows: list[Row]) -> dict[tuple[Key, str], State]:
+        """Each group's and side's state of `rows`: Spark evaluates the WHERE and the
+        arguments (plan.rows_sql, no aggregate, so no job over local rows), the rows are
+        counted and their arguments summed and compared here."""
         frame_of(spark, rows, _with_side(self.input_schema)).createOrReplaceTempView(
             self.plan.table)
-        out = {}
-        for row in rows_of(spark.sql(self.plan.partial_sql), len(rows)):
-            key = tuple(json_value(row[g]) for g in self.plan.group)
-            out[(key, row[SIDE])] = {n: row[n] for n in self.codec.names}
+        out: dict[tuple[Key, str], State] = {}
+        parts = self.plan.parts
+        for row in rows_of(spark.sql(self.plan.rows_sql), len(rows)):
+            key = (tuple(json_value(row[g]) for g in self.plan.group), row[SIDE])
+            state = out.get(key)
+            if state is None:
+                state = out[key] = self.empty()
+            state[COUNT] += 1
+            for part in parts:
+                value = row[part.argument]
+                if value is not None:
+                    state[part.name] = _accumulate(part, state[part.name], value)
         return out
+
+    def empty(self) -> State:
+        """The state of no rows."""
+        return {COUNT: 0, **{p.name: 0 if p.kind == "count" else None for p in self.plan.parts}}
 
     def final_schema(self, spark: SparkSession) -> StructType:
         frame_of(spark, [], self.codec.schema).createOrReplaceTempView(STATE_VIEW)

@@ -20,6 +20,7 @@ from engine.aggregates import (
     COUNT,
     Part,
     StateCodec,
+    _accumulate,
     _combine,
     _extreme_left,
     plan_aggregate,
@@ -40,6 +41,11 @@ def test_the_demo_totals_split_into_partial_states_of_the_columns_they_read():
     assert "WHERE status <> 'cancelled'" in plan.partial_sql
     assert plan.partial_sql.endswith("GROUP BY customer_id, __vg_side")
     assert "GROUP BY" not in plan.final_sql and "FROM __vg_state AS `Order`" in plan.final_sql
+    # The rows of a batch: no aggregate (no Spark job over local rows), the WHERE applied,
+    # each argument once (amount serves count, sum, min and max; ts serves max).
+    assert plan.rows_sql == ("SELECT customer_id, __vg_side, ts AS __vg_arg0, "
+                             "amount AS __vg_arg1 FROM `Order` WHERE status <> 'cancelled'")
+    assert {p.argument for p in plan.parts} == {"__vg_arg0", "__vg_arg1"}
 
 
 @pytest.mark.parametrize("sql,key", [
@@ -63,6 +69,11 @@ def test_having_becomes_a_filter_over_the_states():
 
 
 def test_counts_and_sums_combine_by_addition_and_subtraction():
+    assert _accumulate(Part("c", "count"), 2, 7.5) == 3
+    assert _accumulate(Part("s", "sum"), None, 7.5) == 7.5
+    assert _accumulate(Part("s", "sum"), 2.5, 7.5) == 10.0
+    assert _accumulate(Part("m", "min"), 2.5, 7.5) == 2.5
+    assert _accumulate(Part("m", "max"), 2.5, 7.5) == 7.5
     assert _combine(Part("c", "count"), 10, 3, 2) == 9
     assert _combine(Part("s", "sum", "c"), 100.0, 30.0, None) == 70.0
     assert _combine(Part("s", "sum", "c"), None, None, 5) == 5
