@@ -174,12 +174,13 @@ class ViewCommitter:
         deleted: Sequence[Mapping[str, Any]] = (),
         before: Before | None = None,
         extra_ops: Sequence[Op] = (),
+        meta: Mapping[str, Any] | None = None,
     ) -> Pending:
         """The batch's writes and change events, nothing written yet (rows with a null key
         go to the dead-letter topic). `before` is what Redis held for (at least) their keys
         when the caller read it in this batch already (a view over views compares with
         it); else it is read here. `extra_ops` go to Redis in the batch's apply (an
-        aggregate view's states)."""
+        aggregate view's states), and so do `meta` fields (a stream aggregate's watermark)."""
         IN_FLIGHT[self.view.name] = batch_id
         self.last_events = []
         rows, keyless = split_keyless(rows, self.view.key)
@@ -190,10 +191,11 @@ class ViewCommitter:
                         self.view.name, batch_id, len(keyless),
                         extra={"view": self.view.name, "batch_id": batch_id})
         now_ms = int(time.time() * 1000)
-        meta: dict[str, Any] = {"committed_at_ms": now_ms}
+        fields: dict[str, Any] = {"committed_at_ms": now_ms}
         covered = read_batch_offsets(self.checkpoint, batch_id) if self.checkpoint else None
         if covered is not None:
-            meta |= {"offsets": covered.offsets, "watermark": covered.watermark}
+            fields |= {"offsets": covered.offsets, "watermark": covered.watermark}
+        fields |= meta or {}
         upserts = {key_of(r, self.view.key): dict(r) for r in rows}
         deletes = {key_of(d, self.delete_on) for d in deleted}
         if before is None:
@@ -211,7 +213,7 @@ class ViewCommitter:
             # Their index entries come from what Redis holds of them, old as it is.
             old_rows = {**self.redis.before(self.generation, list(stale)).rows, **old_rows}
         return Pending(
-            batch_id, events, rows, deleted, meta,
+            batch_id, events, rows, deleted, fields,
             redis_upserts={**{k: r for k, r in stale.items() if r is not None}, **upserts},
             redis_deletes=deletes | {k for k, r in stale.items() if r is None},
             old_rows=old_rows, extra_ops=extra_ops)

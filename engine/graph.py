@@ -27,12 +27,13 @@ the batch's records are not even read.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +60,24 @@ from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
 from engine.incremental import Change, Key, TableView, json_value, view_changes
 from engine.lineage import Lineage, lineage
+from engine.metrics import observe_stream
 from engine.sinks.redis_sink import Before
 from engine.sources import classify_sources, read_kafka, source_columns, value_column
+from engine.stream_aggregates import META_MAX_EVENT_TIME, Seen, StreamAggregate, StreamBatch
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
 from schema.settings import Settings
 from schema.storage import (
     GRAPH_APPLYING,
     GRAPH_VERSION,
+    META_LATE_EVENTS,
+    META_WATERMARK,
     RETIRED,
     Op,
     delta_app_id,
     delta_table_path,
     fence_field,
+    generation_field,
     graph_key,
     key_of,
     meta_key,
@@ -86,6 +92,7 @@ from schema.storage import (
 
 log = logging.getLogger("viewgate.engine.graph")
 GRAPH_TIMINGS = "graph"  # the `view` of the graph's per-batch timings in its debug log
+STREAM_KINDS = (ViewKind.AGGREGATE, ViewKind.WINDOW)  # in the graph: engine.stream_aggregates
 
 def graph_views(catalog: Catalog) -> list[View]:
     """The views the graph query runs (View.in_graph), in dependency order."""
@@ -102,8 +109,8 @@ def dependency_levels(views: list[View]) -> list[list[View]]:
 
 
 def graph_sources(catalog: Catalog) -> list[Source]:
-    """The sources the graph query streams (those its UPSERT views read)."""
-    names = dict.fromkeys(v.source for v in graph_views(catalog) if v.kind is ViewKind.UPSERT)
+    """The sources the graph query streams (those its views over topics read)."""
+    names = dict.fromkeys(v.source for v in graph_views(catalog) if v.kind is not ViewKind.TABLE)
     return [catalog.sources[n] for n in names]
 
 
@@ -122,10 +129,12 @@ def graph_checkpoint(settings: Settings, generation: int) -> str:
 
 @dataclass
 class _Records:
-    """One source's records in a batch: the last per key (None: tombstoned), the bad."""
+    """One source's records in a batch: the last per key (None: tombstoned), the bad, and
+    (for the stream aggregates that read it) every good one that is not a tombstone."""
 
     latest: dict[str, dict[str, Any] | None]
     bad: list[dict[str, Any]]
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 class GraphBatch:
@@ -159,6 +168,9 @@ class GraphBatch:
             session.conf.set("spark.sql.adaptive.enabled", "false")
         self.source_schemas = {s.name: spark.createDataFrame([], s.schema).schema
                                for s in self.sources}
+        self.streams = {v.name: StreamAggregate(v, catalog.sources[v.source],
+                                                self.source_schemas[v.source])
+                        for v in self.views if v.kind in STREAM_KINDS}
         # Upsert views whose SQL only picks columns of their source: output column ->
         # source column. Their rows are taken from the batch as read, without a Spark
         # job of their own (one job fewer a batch on the path to every view after them).
@@ -203,6 +215,7 @@ class GraphBatch:
             for name, writer in self.dead_letters.items():
                 writer.publish(records[name].bad, batch_id)
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
+        self.stream_batches: dict[str, StreamBatch] = {}  # of this batch, for the metrics
         try:
             pending: dict[str, Pending] = {}
             for level in self.levels:
@@ -216,6 +229,8 @@ class GraphBatch:
             if self._apply(batch_id, pending) == RETIRED:
                 return  # as above: the engine restarts the query on the new generation
             self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
+            for name, done in self.stream_batches.items():
+                observe_stream(name, done.late, done.meta.get(META_WATERMARK))
             for view in self.views:
                 failpoint("after_redis", view.name)
             with ThreadPoolExecutor(len(self.views), "graph-delta") as delta_steps:
@@ -266,6 +281,12 @@ class GraphBatch:
         if view.kind is ViewKind.UPSERT:
             rows, deleted = self._upsert(view, records[view.source].latest)
             prepared = committer.prepare(batch_id, rows, deleted)
+        elif view.kind in STREAM_KINDS:
+            done = self.streams[view.name].batch(
+                self.sessions[view.name], records[view.source].events,
+                self._seen(committer), lambda keys: self._before(committer, keys))
+            prepared = committer.prepare(batch_id, done.rows, (), done.before, meta=done.meta)
+            self.stream_batches[view.name] = done
         else:
             rows, deleted, before, ops = self._table(view, batch_id, pending)
             prepared = committer.prepare(batch_id, rows, deleted, before, ops)
@@ -290,11 +311,31 @@ class GraphBatch:
             self.committers[name].applied(prepared, status)
         return None
 
+    def _before(self, committer: ViewCommitter, keys: list[str]) -> Before:
+        """What Redis holds of `keys`; Delta fills in rows Redis lost (a flush) and the
+        gateway has not re-warmed yet."""
+        before = committer.redis.before(committer.generation, keys)
+        if not before.complete:
+            missing = [k for k in keys if k not in before.rows]
+            before.rows.update(committer.delta.rows(missing))
+        return before
+
+    def _seen(self, committer: ViewCommitter) -> Seen:
+        """A stream aggregate's largest event time and late events so far (its meta)."""
+        generation = committer.generation
+        latest, late = self.redis.hmget(
+            meta_key(committer.view.name), generation_field(META_MAX_EVENT_TIME, generation),
+            generation_field(META_LATE_EVENTS, generation))
+        moment = None if latest is None else datetime.datetime.fromisoformat(
+            latest.decode().replace("Z", "+00:00"))
+        return Seen(moment, int(late or 0))
+
     def _read(self, batch: DataFrame) -> dict[str, _Records]:
         """The batch's records per source, in one Spark job."""
         records = {s.name: _Records({}, []) for s in self.sources}
         by_topic = {s.topic: (i, s) for i, s in enumerate(self.sources)}
         columns = {s.name: source_columns(s) for s in self.sources}
+        streamed = {self.catalog.view(v).source for v in self.streams}
         for row in rows_of(batch):
             index, source = by_topic[row["_topic"]]
             into = records[source.name]
@@ -304,8 +345,11 @@ class GraphBatch:
                 into.latest[row["_kafka_key"]] = None
             else:
                 value = row[value_column(index)]
+                event = {c: value[c] for c in columns[source.name]}
                 # A key lives in one partition, in order: the last record wins.
-                into.latest[row["_kafka_key"]] = {c: value[c] for c in columns[source.name]}
+                into.latest[row["_kafka_key"]] = event
+                if source.name in streamed:
+                    into.events.append(event)
         return records
 
     def _upsert(self, view: View, latest: Mapping[str, dict[str, Any] | None]
@@ -342,10 +386,7 @@ class GraphBatch:
         def stored(keys: set[Key]) -> dict[Key, dict[str, Any]]:
             # A key with a null has no stored row: its new row is dead-lettered (commit).
             texts = {key_text(k): k for k in keys if None not in k}
-            before = committer.redis.before(committer.generation, list(texts))
-            if not before.complete:  # Redis lost rows the gateway has not re-warmed yet
-                before.rows.update(committer.delta.rows(
-                    [t for t in texts if t not in before.rows]))
+            before = self._before(committer, list(texts))
             read.append(before)
             return {texts[t]: row for t, row in before.rows.items()}
 

@@ -29,7 +29,7 @@ FRESHNESS_LAG = Gauge(
     "Seconds since the view's last batch began while source events wait for it; 0 when "
     "it has caught up.", ["view"])
 LATE_EVENTS = Counter("viewgate_view_late_events",
-                      "Events behind the view's watermark, dropped by Spark.", ["view"])
+                      "Events behind the view's watermark, dropped.", ["view"])
 QUERY_FAILURES = Counter("viewgate_view_query_failures",
                          "Times the view's streaming query stopped with an error.", ["view"])
 REJECTED_ROWS = Counter("viewgate_view_rejected_rows",
@@ -73,12 +73,22 @@ def observe_progress(view: str, progress: Any) -> None:
         BATCH_SECONDS.labels(view).observe((progress.batchDuration or 0) / 1000)
     lag = _lag(progress.sources)
     KAFKA_LAG.labels(view).set(lag)
-    WATERMARK.labels(view).set(_timestamp((progress.eventTime or {}).get("watermark")))
+    watermark = (progress.eventTime or {}).get("watermark")
+    if watermark:  # a query of its own; the graph's stream aggregates: observe_stream
+        WATERMARK.labels(view).set(_timestamp(watermark))
     started = _timestamp(progress.timestamp)
     FRESHNESS_LAG.labels(view).set(max(0.0, time.time() - started) if lag else 0.0)
     late = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
     if late:
         LATE_EVENTS.labels(view).inc(late)
+
+
+def observe_stream(view: str, late: int, watermark: str | None) -> None:
+    """A stream aggregate of the view graph after a batch (engine.stream_aggregates)."""
+    if late:
+        LATE_EVENTS.labels(view).inc(late)
+    if watermark:
+        WATERMARK.labels(view).set(_timestamp(watermark))
 
 
 def observe_failure(view: str) -> None:

@@ -21,6 +21,7 @@ from strawberry.types.base import StrawberryOptional
 
 from schema.errors import CatalogError, Problem
 from schema.permissions import Grant, check_grants
+from schema.stream_aggregates import combine_plan
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,12 @@ class View:
     @property
     def in_graph(self) -> bool:
         """Whether the view graph runs it (one query, one batch id as the version of all its
-        views, schema.storage.graph_key): upsert views and views over views. Stream
+        views, schema.storage.graph_key): upsert views, views over views, and the stream
+        aggregates kept from their own rows (schema.stream_aggregates). Other stream
         aggregates keep queries, and versions, of their own."""
-        return self.kind in (ViewKind.UPSERT, ViewKind.TABLE)
+        if self.kind in (ViewKind.UPSERT, ViewKind.TABLE):
+            return True
+        return not self.dimensions and combine_plan(self.sql, self.key) is not None
 
     @property
     def reads(self) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from schema.catalog import (
     parse_ddl,
     parse_duration_ms,
 )
-from schema.demo import CATALOG
+from schema.demo import CATALOG, PRODUCT_SALES
 from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
 
@@ -341,4 +341,32 @@ def test_the_graph_runs_views_by_level_those_of_one_level_read_only_earlier_ones
 
     levels = dependency_levels(graph_views(CATALOG))
     assert [[v.name for v in level] for level in levels] == [
-        ["Customer", "OrderRecord"], ["Order"], ["CustomerStats"]]
+        ["Customer", "OrderRecord", "ProductSales"], ["Order"], ["CustomerStats"]]
+
+
+def test_stream_aggregates_kept_from_their_rows_join_the_graph() -> None:
+    from schema.stream_aggregates import GROUP, combine_plan
+
+    # The demo's windowed sales: grouping values, and counts and sums that add up.
+    assert dict(combine_plan(PRODUCT_SALES.sql, PRODUCT_SALES.key)) == {
+        "product_id": GROUP, "window_start": GROUP, "window_end": GROUP,
+        "order_count": "sum", "revenue": "sum"}
+    assert PRODUCT_SALES.in_graph and all(v.in_graph for v in CATALOG.views.values())
+    plain = "SELECT product_id, count(*) AS n, min(ts) AS first, max(amount) AS top " \
+            "FROM orders WHERE status = 'placed' GROUP BY product_id"
+    assert dict(combine_plan(plain, ("product_id",))) == {
+        "product_id": GROUP, "n": "sum", "first": "min", "top": "max"}
+    # What a batch's rows cannot be combined into keeps a streaming query of its own.
+    for sql in ("SELECT product_id, avg(amount) AS a FROM orders GROUP BY product_id",
+                "SELECT product_id, count(DISTINCT customer_id) AS n FROM orders "
+                "GROUP BY product_id",
+                "SELECT product_id, count(*) AS n FROM orders GROUP BY product_id "
+                "HAVING count(*) > 2",
+                "SELECT product_id, count(*) * 2 AS n FROM orders GROUP BY product_id",
+                "SELECT product_id, CAST(count(*) AS STRING) AS n FROM orders "
+                "GROUP BY product_id"):
+        assert combine_plan(sql, ("product_id",)) is None, sql
+        view = dataclasses.replace(PRODUCT_SALES, sql=sql, key=("product_id",))
+        assert not view.in_graph
+    # Keyed by something other than grouping values: not combinable either.
+    assert combine_plan(plain, ("n",)) is None

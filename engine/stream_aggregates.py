@@ -1,0 +1,134 @@
+"""Stream aggregates in the view graph: a batch's new events aggregated by the view's own
+SQL, added to the view's stored rows (schema.stream_aggregates says which views and how
+each column combines).
+
+Stream semantics: every event counts once and forever. For a view with a watermark (a
+`WINDOW` over a source with `event_time` and `watermark`), the graph keeps the largest event
+time seen in the view's meta (written with its rows, so a replayed batch sees what the
+first attempt saw); the watermark of a batch is that time less the source's delay, and an
+event older than it is late: dropped and counted in `late_events`, as Spark's own
+streaming aggregation does. A window's row stays as its last batch left it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from engine.frames import frame_of, rows_of
+from engine.sinks.redis_sink import Before
+from schema.catalog import FieldInfo, Source, View, ViewKind, graphql_fields, parse_duration_ms
+from schema.storage import META_LATE_EVENTS, META_WATERMARK, from_json_value, iso_utc, key_of
+from schema.stream_aggregates import GROUP, combine_plan
+
+Row = dict[str, Any]
+META_MAX_EVENT_TIME = "max_event_time"  # the largest event time a view has seen
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a stream aggregate's meta says before a batch."""
+
+    max_event_time: datetime.datetime | None
+    late_events: int
+
+
+@dataclass
+class StreamBatch:
+    """A stream aggregate's batch: the rows it changes (each the stored row combined with
+    what the batch adds), what Redis held for them, and the meta to write with them."""
+
+    rows: list[Row]
+    before: Before | None
+    meta: dict[str, Any]
+    late: int = 0  # events of the batch behind the watermark
+
+class StreamAggregate:
+    def __init__(self, view: View, source: Source, schema: StructType) -> None:
+        plan = combine_plan(view.sql, view.key)
+        if plan is None:
+            raise ValueError(f"{view.name} is not a stream aggregate kept from its rows")
+        self.view = view
+        self.source = source
+        self.schema = schema  # the source's columns, as the SQL reads them
+        self.combines = {c: kind for c, kind in plan.items() if kind != GROUP}
+        self.fields: Mapping[str, FieldInfo] = graphql_fields(view)
+        self.delay_ms = (parse_duration_ms(source.watermark)
+                         if view.kind is ViewKind.WINDOW and source.event_time
+                         and source.watermark else None)
+
+    def batch(self, session: SparkSession, events: Sequence[Row], seen: Seen,
+              stored: Callable[[list[str]], Before]) -> StreamBatch:
+        """`events`: the source's valid records of the batch; `stored` reads what Redis
+        holds for keys (rows in JSON form)."""
+        kept, late, latest = self._on_time(events, seen.max_event_time)
+        meta: dict[str, Any] = {}
+        if self.delay_ms is not None:
+            meta[META_LATE_EVENTS] = seen.late_events + late
+            if latest is not None:
+                meta[META_MAX_EVENT_TIME] = iso_utc(latest)
+                meta[META_WATERMARK] = iso_utc(self._watermark(latest))
+        if not kept:
+            return StreamBatch([], None, meta, late)
+        frame_of(session, kept, self.schema).createOrReplaceTempView(self.source.name)
+        added = rows_of(session.sql(self.view.sql), len(kept))
+        keys = [key_of(row, self.view.key) for row in added]
+        before = stored(keys)
+        rows = [self._combined(row, before.rows.get(key)) for key, row in zip(keys, added,
+                                                                               strict=True)]
+        return StreamBatch(rows, before, meta, late)
+
+    def _watermark(self, latest: datetime.datetime) -> datetime.datetime:
+        assert self.delay_ms is not None
+        return latest - datetime.timedelta(milliseconds=self.delay_ms)
+
+    def _on_time(self, events: Sequence[Row], latest: datetime.datetime | None
+                 ) -> tuple[list[Row], int, datetime.datetime | None]:
+        """The events the batch aggregates, how many were late, and the largest event time
+        seen after the batch."""
+        if self.delay_ms is None:
+            return list(events), 0, latest
+        column = self.source.event_time
+        assert column is not None
+        watermark = None if latest is None else self._watermark(latest)
+        kept = []
+        for event in events:
+            moment = _utc(event.get(column))
+            if moment is not None and watermark is not None and moment < watermark:
+                continue
+            kept.append(event)
+            if moment is not None and (latest is None or moment > latest):
+                latest = moment
+        return kept, len(events) - len(kept), latest
+
+    def _combined(self, added: Row, stored: Row | None) -> Row:
+        """The stored row (JSON form) with what the batch added (as Spark computed it)."""
+        if stored is None:
+            return added
+        row = dict(added)
+        for column, kind in self.combines.items():
+            old = from_json_value(self.fields[column].python_type, stored.get(column))
+            new = added[column]
+            if old is None or new is None:
+                row[column] = new if old is None else old
+            elif kind == "sum":
+                row[column] = old + new
+            else:
+                row[column] = min(old, new) if kind == "min" else max(old, new)
+        return row
+
+
+def _utc(value: Any) -> datetime.datetime | None:
+    """An event time as an aware UTC datetime (Arrow gives aware ones; text is parsed)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime.datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=datetime.UTC)
+    return value
