@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -257,15 +257,24 @@ class ViewCommitter:
 
     def publish(self, pending: Pending) -> None:
         """The batch's change events to the view's change feed (Redis holds the rows)."""
+        self.send(pending)()
+
+    def send(self, pending: Pending) -> Callable[[], None]:
+        """Start publishing the batch's change events; the function returned waits until
+        the broker has them (the graph overlaps its views' deliveries)."""
         started = time.perf_counter()
-        self.feed.publish(pending.events)
-        failpoint("after_changefeed", self.view.name)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "%s batch %d: %d changes; feed %.0f ms", self.view.name, pending.batch_id,
-                len(pending.events), (time.perf_counter() - started) * 1000,
-                extra={"view": self.view.name, "batch_id": pending.batch_id,
-                       "timings": {"feed_ms": (time.perf_counter() - started) * 1000}})
+        delivered = self.feed.send(pending.events)
+
+        def wait() -> None:
+            delivered(60)
+            failpoint("after_changefeed", self.view.name)
+            if log.isEnabledFor(logging.DEBUG):
+                feed_ms = (time.perf_counter() - started) * 1000
+                log.debug("%s batch %d: %d changes; feed %.0f ms", self.view.name,
+                          pending.batch_id, len(pending.events), feed_ms,
+                          extra={"view": self.view.name, "batch_id": pending.batch_id,
+                                 "timings": {"feed_ms": feed_ms}})
+        return wait
 
     def to_delta(self, pending: Pending) -> None:
         """MERGE the batch into the view's Delta table (idempotent on the batch id); the

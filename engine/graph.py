@@ -32,7 +32,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,15 +97,6 @@ STREAM_KINDS = (ViewKind.AGGREGATE, ViewKind.WINDOW)  # in the graph: engine.str
 def graph_views(catalog: Catalog) -> list[View]:
     """The views the graph query runs (View.in_graph), in dependency order."""
     return [v for v in dependency_order(catalog) if v.in_graph]
-
-
-def dependency_levels(views: list[View]) -> list[list[View]]:
-    """`views` (in dependency order) grouped by level: a view's level is one more than the
-    highest of the views it reads among them (0: it reads none of them)."""
-    level: dict[str, int] = {}
-    for view in views:
-        level[view.name] = 1 + max((level[n] for n in view.reads if n in level), default=-1)
-    return [[v for v in views if level[v.name] == i] for i in range(max(level.values()) + 1)]
 
 
 def graph_sources(catalog: Catalog) -> list[Source]:
@@ -193,7 +184,6 @@ class GraphBatch:
                            for step in [_aggregate_step(self.sessions[v.name],
                                                         self.tables[v.name], schemas[v.name])]
                            if step is not None}
-        self.levels = dependency_levels(self.views)
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
         self.generation = graph_generation(generations, catalog)
         self.redis = redis.Redis.from_url(settings.redis_url)  # the graph's applies and marks
@@ -217,14 +207,15 @@ class GraphBatch:
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
         self.stream_batches: dict[str, StreamBatch] = {}  # of this batch, for the metrics
         try:
-            pending: dict[str, Pending] = {}
-            for level in self.levels:
-                # The views of a level read only views of earlier levels: they run at
-                # once (their Spark jobs share the cores).
-                with ThreadPoolExecutor(len(level), "graph-view") as pool:
-                    computed = pool.map(
-                        lambda v: self._compute(v, records, batch_id, held, pending), level)
-                    pending.update(zip((v.name for v in level), computed, strict=True))
+            # Each view is computed as soon as the views it reads are (Order does not wait
+            # for ProductSales); views that do not depend on each other run at once.
+            with ThreadPoolExecutor(len(self.views), "graph-view") as pool:
+                computing: dict[str, Future[Pending]] = {}
+                for view in self.views:  # in dependency order: its inputs are submitted
+                    inputs = {n: computing[n] for n in view.reads if n in computing}
+                    computing[view.name] = pool.submit(self._compute, view, records,
+                                                       batch_id, held, inputs)
+                pending = {name: f.result() for name, f in computing.items()}
             lap = time.perf_counter()
             if self._apply(batch_id, pending) == RETIRED:
                 return  # as above: the engine restarts the query on the new generation
@@ -239,8 +230,9 @@ class GraphBatch:
                 lap = time.perf_counter()
                 merges = [delta_steps.submit(self.committers[n].to_delta, p)
                           for n, p in pending.items()]
-                for name, done in pending.items():
-                    self.committers[name].publish(done)
+                sent = [self.committers[n].send(p) for n, p in pending.items()]
+                for delivered in sent:  # the feeds' deliveries overlap
+                    delivered()
                 self.timings["feed_ms"] = (time.perf_counter() - lap) * 1000
             for merge in merges:
                 merge.result()  # a failed MERGE fails the batch, which Spark replays
@@ -271,9 +263,10 @@ class GraphBatch:
         return held
 
     def _compute(self, view: View, records: Mapping[str, _Records], batch_id: int,
-                 held: set[str], pending: Mapping[str, Pending]) -> Pending:
+                 held: set[str], inputs: Mapping[str, Future[Pending]]) -> Pending:
         """The view's batch, ready to commit: computed from the records and its inputs'
-        pending changes, or as Redis holds it already."""
+        pending changes (once they are computed), or as Redis holds it already."""
+        pending = {name: computed.result() for name, computed in inputs.items()}
         committer = self.committers[view.name]
         if view.name in held:
             return committer.stored(batch_id)
@@ -304,7 +297,9 @@ class GraphBatch:
             self.committers[name].queue_apply(prepared, pipe)
         pipe.hset(marker, GRAPH_VERSION, batch_id)
         pipe.hdel(marker, GRAPH_APPLYING)
+        sent = time.perf_counter()
         statuses = [int(s) for s in pipe.execute()[1:-2]]
+        self.timings["redis_ms"] = (time.perf_counter() - sent) * 1000
         if RETIRED in statuses:
             return RETIRED
         for (name, prepared), status in zip(todo, statuses, strict=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -175,8 +176,10 @@ def _inspect_type(view_name: str, cls: type) -> tuple[dict[str, FieldInfo], list
     return fields, problems
 
 
+@functools.lru_cache(maxsize=1024)
 def graphql_fields(view: View) -> dict[str, FieldInfo]:
-    """Per python field name of the view's type: GraphQL name, Spark type, nullability."""
+    """Per python field name of the view's type: GraphQL name, Spark type, nullability.
+    Cached per view (keys are parsed per row on hot paths); do not change what it returns."""
     fields, problems = _inspect_type(view.name, view.graphql_type)
     if problems:
         raise CatalogError(problems)

@@ -6,7 +6,7 @@ drop (view, key, version) they have seen. Published only after Redis holds the r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import KafkaException, Producer
 
@@ -26,6 +26,11 @@ class ChangeFeed:
         )
 
     def publish(self, events: Iterable[ChangeEvent], timeout_s: float = 60) -> int:
+        return self.send(events)(timeout_s)
+
+    def send(self, events: Iterable[ChangeEvent]) -> Callable[[float], int]:
+        """Queue `events` for delivery; the function returned waits until the broker has
+        them all (or fails: KafkaException). Several feeds' deliveries then overlap."""
         errors: list[str] = []
 
         def delivered(err, _msg) -> None:
@@ -46,10 +51,13 @@ class ChangeFeed:
                 except BufferError:
                     self.producer.poll(0.1)  # local queue full: let deliveries drain
             count += 1
-        remaining = self.producer.flush(timeout_s)
-        if remaining or errors:
-            # Failing the batch makes Spark retry it; a replay republishes.
-            raise KafkaException(
-                f"change feed {self.topic}: {remaining} undelivered, errors: {errors[:3]}"
-            )
-        return count
+
+        def wait(timeout_s: float = 60) -> int:
+            remaining = self.producer.flush(timeout_s)
+            if remaining or errors:
+                # Failing the batch makes Spark retry it; a replay republishes.
+                raise KafkaException(
+                    f"change feed {self.topic}: {remaining} undelivered, errors: {errors[:3]}"
+                )
+            return count
+        return wait
