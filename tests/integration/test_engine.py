@@ -38,7 +38,7 @@ from engine.commit import ViewCommitter
 from engine.progress import ProgressRecorder
 from engine.views import query_name as _query_name
 from schema import demo
-from schema.catalog import Catalog
+from schema.catalog import Catalog, View, ViewKind
 from schema.storage import (
     REPLAYED,
     ViewMeta,
@@ -102,6 +102,26 @@ SLIDING_SALES = dataclasses.replace(
 )
 
 
+@strawberry.type(description="The average placed order per product, over every event.")
+class AverageSale:
+    product_id: str
+    average_amount: float
+    order_count: int
+
+
+# An average cannot be kept from the view's rows (schema.stream_aggregates): this view keeps
+# a Spark streaming aggregation of its own beside the graph.
+AVERAGE_SALE = View(
+    name="AverageSale",
+    source="orders",
+    sql="SELECT product_id, CAST(avg(amount) AS DOUBLE) AS average_amount, "
+        "count(*) AS order_count FROM orders WHERE status = 'placed' GROUP BY product_id",
+    key=("product_id",),
+    graphql_type=AverageSale,
+    kind=ViewKind.AGGREGATE,
+)
+
+
 @pytest.fixture(scope="module")
 def shop(spark, settings, tmp_path_factory):
     """Run the engine over seeded demo events in three rounds, as the tests below read."""
@@ -111,7 +131,7 @@ def shop(spark, settings, tmp_path_factory):
     settings = settings.model_copy(update={"delta_maintenance_interval_s": 0.001})
     test_catalog = catalog_on("engine-test")
     catalog = Catalog.of(
-        test_catalog.sources.values(), [*test_catalog.views.values(), SLIDING_SALES]
+        test_catalog.sources.values(), [*test_catalog.views.values(), SLIDING_SALES, AVERAGE_SALE]
     )
     topics = {s.name: s.topic for s in catalog.sources.values()}
     customers, orders = shop_events("engine-test", seed=3, count=1500)
@@ -251,6 +271,22 @@ def test_sliding_window_view_matches_a_batch_computation(shop):
     )
     _assert_windows(redis_rows(shop["redis"], "ProductSalesSliding"), expected)
     _late_events_counted(shop["redis"], "ProductSalesSliding")
+
+
+def test_a_stream_aggregate_outside_the_graph_runs_a_query_of_its_own(shop):
+    catalog = shop["catalog"]
+    assert catalog.view("ProductSales").in_graph and not catalog.view("AverageSale").in_graph
+    late = [(None, "LATE1", json.dumps(shop["late"]).encode())]  # no watermark: it counts
+    frame = placed(shop["orders"] + late)
+    want = frame.groupby("product_id")["amount"].agg(["mean", "size"])
+    rows = redis_rows(shop["redis"], "AverageSale")
+    assert set(rows) == set(want.index)
+    for product, (mean, size) in want.iterrows():
+        assert rows[product]["order_count"] == size
+        assert rows[product]["average_amount"] == pytest.approx(mean)
+    # Its own versions: its query's batches, not the graph's.
+    meta = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("AverageSale")))
+    assert meta.version >= 0 and meta.offsets
 
 
 def test_bad_records_are_dead_lettered_with_reasons_and_counted(shop):
