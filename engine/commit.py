@@ -105,9 +105,6 @@ class ViewCommitter:
         )
         self.target_file_bytes = settings.delta_target_file_bytes
         self.maintenance = MaintenanceSchedule(settings.delta_maintenance_interval_s)
-        # The change events of the last batch prepared (or replayed): the input of the
-        # views that read this one (engine.graph).
-        self.last_events: list[ChangeEvent] = []
 
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
                 deletes: set[str], old_rows: Mapping[str, dict[str, Any]]) -> list[ChangeEvent]:
@@ -182,7 +179,6 @@ class ViewCommitter:
         it); else it is read here. `extra_ops` go to Redis in the batch's apply (an
         aggregate view's states), and so do `meta` fields (a stream aggregate's watermark)."""
         IN_FLIGHT[self.view.name] = batch_id
-        self.last_events = []
         rows, keyless = split_keyless(rows, self.view.key)
         if keyless:
             self.rejects.publish(batch_id, keyless)
@@ -228,7 +224,6 @@ class ViewCommitter:
         if events is not None:
             pending.events = events
             pending.rows, pending.deleted = self._rows_of(events)
-        self.last_events = pending.events
         return pending
 
     def _apply_args(self, pending: Pending) -> dict[str, Any]:
@@ -253,7 +248,6 @@ class ViewCommitter:
             pending.events, pending.rows, pending.deleted = (
                 replayed.events, replayed.rows, replayed.deleted)
         pending.applied = True
-        self.last_events = pending.events
 
     def publish(self, pending: Pending) -> None:
         """The batch's change events to the view's change feed (Redis holds the rows)."""

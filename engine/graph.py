@@ -185,6 +185,7 @@ class GraphBatch:
                                                         self.tables[v.name], schemas[v.name])]
                            if step is not None}
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
+        self.stream_batches: dict[str, StreamBatch] = {}  # of the last batch, for metrics
         self.generation = graph_generation(generations, catalog)
         self.redis = redis.Redis.from_url(settings.redis_url)  # the graph's applies and marks
         self.dead_letters = {
@@ -205,7 +206,7 @@ class GraphBatch:
             for name, writer in self.dead_letters.items():
                 writer.publish(records[name].bad, batch_id)
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
-        self.stream_batches: dict[str, StreamBatch] = {}  # of this batch, for the metrics
+        self.stream_batches = {}
         try:
             # Each view is computed as soon as the views it reads are (Order does not wait
             # for ProductSales); views that do not depend on each other run at once.
