@@ -116,7 +116,7 @@ class Plan:
                 if variables is None:
                     return None
 
-            async def attempt() -> tuple[tuple[dict[str, Any], Freshness], Freshness]:
+            async def attempt() -> tuple[dict[str, Any], Freshness]:
                 fresh = Freshness()
                 values = await self._lookups(reads, fresh, variables)
                 values.update((r.response_key, "Query") for r in self.roots
@@ -125,7 +125,7 @@ class Plan:
                     assert coerced is not None
                     values[plan.response_key] = await plan.run(reads, fresh, coerced,
                                                                self.fast.settings)
-                return (values, fresh), fresh
+                return values, fresh
 
             # Several views of the graph (a to-one relationship) are read at one version.
             values, fresh = await graph.run(document, attempt)

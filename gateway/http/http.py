@@ -326,19 +326,17 @@ class GraphQLHTTP:
                 return _not_over_get(kind, media)
         allowed = {OperationType.QUERY} if is_get else {OperationType.QUERY,
                                                          OperationType.MUTATION}
-        contexts: list[RequestContext] = []
-
         async def attempt() -> tuple[ExecutionResult, Freshness]:
-            contexts.append(RequestContext(self.reads, self.catalog, scope=scope))
+            context = RequestContext(self.reads, self.catalog, scope=scope)
             result = await schema.execute(
-                req.query, variable_values=req.variables, context_value=contexts[-1],
+                req.query, variable_values=req.variables, context_value=context,
                 operation_name=req.operation_name, allowed_operation_types=allowed,
                 operation_extensions=req.extensions)
-            return result, contexts[-1].fresh
+            return result, context.fresh
 
         try:
             # Several views of the graph read in one request are read at one version.
-            result = await self.graph.run((req.query, req.operation_name), attempt)
+            result, fresh = await self.graph.run((req.query, req.operation_name), attempt)
         except InvalidOperationTypeError as exc:
             if is_get:
                 return _not_over_get(exc.operation_type.value, media)
@@ -351,10 +349,9 @@ class GraphQLHTTP:
             return request_error(message, media, 422)
         except MissingQueryError:
             return request_error("the request has no query", media, 422)
-        return self._response(result, contexts[-1], media, req,
-                              principal is None or principal.admin)
+        return self._response(result, fresh, media, req, principal is None or principal.admin)
 
-    def _response(self, result: ExecutionResult, context: RequestContext, media: str,
+    def _response(self, result: ExecutionResult, fresh: Freshness, media: str,
                   req: GraphQLRequest, admin: bool = True) -> Response:
         errors = result.errors or []
         # Before execution (parse, validation, variables, limits) nothing is read: no data.
@@ -373,7 +370,7 @@ class GraphQLHTTP:
                          for e in errors)  # the token limit stops the parser: ours, 422
             return respond(body, media, 400 if syntax else 422)
         body["data"] = result.data
-        body["extensions"] = self.graph.extensions(context.fresh)
+        body["extensions"] = self.graph.extensions(fresh)
         if self.fast is not None and not errors and admin:  # plans serve the admin role
             self.fast.learn(req.query, req.operation_name)
         return respond(body, media, partial_status(media) if errors else 200)

@@ -86,17 +86,18 @@ class GraphVersion:
         return out
 
     async def run(self, document: Any,
-                  attempt: Callable[[], Awaitable[tuple[Result, Freshness]]]) -> Result:
+                  attempt: Callable[[], Awaitable[tuple[Result, Freshness]]]
+                  ) -> tuple[Result, Freshness]:
         """Run `attempt` (one execution of `document` with a context of its own) until its
-        reads of the graph's views were of one version, or ATTEMPTS ran. The answer's
-        freshness then names that version for each of them (Freshness.graph_version), or
-        None where it could not be had."""
+        reads of the graph's views were of one version, or ATTEMPTS ran; the last run's
+        answer and freshness. That freshness names the version for each of the graph's views
+        it read (Freshness.graph_version), or None where it could not be had."""
         bracketed = self._several.get(document, False)
         for _ in range(ATTEMPTS):
             start = await self.settled_mark() if bracketed else None
             result, fresh = await attempt()
             if not self.read_several(fresh):
-                return result
+                return result, fresh
             self._learn(document)
             if not bracketed:
                 bracketed = True  # not known to read several: run again, bracketed
@@ -110,9 +111,9 @@ class GraphVersion:
                     # Every row was read at that version, whatever the (cached) meta said.
                     fresh.latest[view] = dataclasses.replace(fresh.latest[view],
                                                              version=start.version)
-                return result
+                return result, fresh
         fresh.graph_version = None
-        return result
+        return result, fresh
 
     def _from(self, fresh: Freshness, version: int | None) -> bool:
         """Whether every graph view was read from Redis (Delta, read on a miss, may trail
