@@ -99,12 +99,14 @@ class GraphVersion:
             if not self.read_several(fresh):
                 return result, fresh
             self._learn(document)
+            end = await self.mark()
+            if end is None or end.version is None:
+                break  # Redis is down or holds no graph version (emptied): none to promise
             if not bracketed:
                 bracketed = True  # not known to read several: run again, bracketed
                 continue
-            end = await self.mark()
             if start is None or start.applying is not None:
-                break  # Redis is down, or a batch is stuck half applied: no guarantee
+                break  # a batch is stuck half applied: no guarantee
             if end == start and self._from(fresh, start.version):
                 fresh.graph_version = start.version
                 for view in self.views.intersection(fresh.latest):

@@ -61,14 +61,22 @@ def test_one_view_is_never_bracketed():
 
 
 def test_a_new_document_over_several_views_runs_again_bracketed_then_stays_bracketed():
-    marks = ScriptedMarks([(8, None), (8, None), (9, None), (9, None)])
+    marks = ScriptedMarks([(8, None), (8, None), (8, None), (9, None), (9, None)])
     graph = GraphVersion(marks, demo.CATALOG)
     fresh = _run(graph, _attempts(("Order", "Customer"), [7, 8]))
     # The cached meta said 7 for the second run; the bracket proves the rows are at 8.
     assert fresh.graph_version == 8 and fresh.latest["Customer"].version == 8
-    assert marks.asked == 2
+    assert marks.asked == 3
     fresh = _run(graph, _attempts(("Order", "Customer"), [9]))
-    assert fresh.graph_version == 9 and marks.asked == 4  # bracketed at once
+    assert fresh.graph_version == 9 and marks.asked == 5  # bracketed at once
+
+
+def test_without_a_graph_version_in_redis_nothing_is_promised_nor_run_again():
+    # An emptied Redis (the answer came from Delta) holds no marks: one run, no version.
+    marks = ScriptedMarks([(None, None)])
+    fresh = _run(GraphVersion(marks, demo.CATALOG), _attempts(("Order", "Customer"), [5]))
+    assert fresh.graph_version is None and fresh.latest["Order"].version == 5
+    assert marks.asked == 1
 
 
 def test_a_batch_landing_during_the_reads_runs_the_request_again():
