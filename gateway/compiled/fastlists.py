@@ -70,6 +70,9 @@ class ListPlan:
         self.vt = vt
         self.selection = selection  # (response key, connection field, sub-selection)
         self.node_fields = node_fields
+        # The views it reads: the list's, and those of its to-one relationships.
+        self.views = frozenset([vt.view.name, *(f.target.view.name for f in node_fields
+                                                if isinstance(f, _Related))])
 
     async def run(self, reads: Reads, fresh: Freshness, variables: VariableValues,
                   settings: Any) -> dict[str, Any]:

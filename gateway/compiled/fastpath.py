@@ -76,6 +76,8 @@ class Plan:
         self.lists = [r for r in roots if isinstance(r, ListPlan)]
         self.variable_types = variable_types  # name -> (python type, non-null); lookups only
         self.defaults = defaults
+        self.views = frozenset([*(r.types.view.name for r in self.lookups),
+                                *(view for plan in self.lists for view in plan.views)])
 
     def _variables(self, given: dict[str, Any] | None) -> dict[str, Any] | None:
         """Variables of a lookup-only plan: strings and ints, checked without graphql-core."""
@@ -127,12 +129,17 @@ class Plan:
                                                                self.fast.settings)
                 return values, fresh
 
-            # Several views of the graph (a to-one relationship) are read at one version.
-            values, fresh = await graph.run(document, attempt)
+            if graph.several(self.views):
+                # Several views of the graph (a to-one relationship) read at one version.
+                values, fresh = await graph.run(document, attempt)
+                extensions = graph.extensions(fresh)
+            else:  # the hot path: one view, nothing to bracket
+                values, fresh = await attempt()
+                extensions = {"freshness": fresh.report()}
         except (GraphQLError, NotCompilable, KeyError, ValueError, TypeError):
             return None
         data = {root.response_key: values[root.response_key] for root in self.roots}
-        return orjson.dumps({"data": data, "extensions": graph.extensions(fresh)})
+        return orjson.dumps({"data": data, "extensions": extensions})
 
     async def _lookups(self, reads: Reads, fresh: Freshness,
                        variables: dict[str, Any]) -> dict[str, Any]:

@@ -74,8 +74,12 @@ class GraphVersion:
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.02)
 
+    def several(self, views: Any) -> bool:
+        """Whether `views` (names) hold more than one view of the graph."""
+        return len(self.views.intersection(views)) > 1
+
     def read_several(self, fresh: Freshness) -> bool:
-        return len(self.views.intersection(fresh.latest)) > 1
+        return self.several(fresh.latest)
 
     def extensions(self, fresh: Freshness) -> dict[str, Any]:
         """An answer's `extensions`: its freshness, and the graph's version when it read
