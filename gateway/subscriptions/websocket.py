@@ -30,6 +30,7 @@ from strawberry.types.execution import PreExecutionError
 from gateway.access.auth import Unauthenticated
 from gateway.access.rate_limit import LIMITED
 from gateway.ops.metrics import WEBSOCKETS
+from gateway.subscriptions.live_operations import LiveOperations, Plans
 from gateway.subscriptions.message_rate import MessageBudget
 from gateway.subscriptions.operation_starts import OperationStarts, enter, leave
 from gateway.subscriptions.subscriptions import SubscriptionContext
@@ -127,7 +128,10 @@ class MessageRate:
         return True
 
 
-class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
+class TransportWSHandler(MessageRate, LiveOperations, BaseGraphQLTransportWSHandler):
+    """Strawberry's handler; its subscriptions are served without a task each once
+    started (gateway.subscriptions.live_operations)."""
+
     @staticmethod
     def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
         # A document that does not parse is one bad operation, not a broken connection:
@@ -178,11 +182,17 @@ class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
         if error is not None:
             await self.send_message({"id": op, "type": "error", "payload": [error.formatted]})
             return
+        operation = None
         try:
-            await super().handle_subscribe(message)
+            if self.max_subscriptions_per_connection is not None \
+                    and len(self.operations) >= self.max_subscriptions_per_connection:
+                await super().handle_subscribe(message)  # Strawberry answers the limit
+            else:
+                operation = self.new_operation(message)
         finally:
-            operation = self.operations.get(op)
-            self.view.admission.started(self.context, operation.task if operation else None)
+            # Given back when the operation ends (not its start task: a subscription
+            # lives on without it).
+            self.view.admission.started(self.context, operation)
 
 
 LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
@@ -262,6 +272,7 @@ class GraphQLWebSocket(GraphQL):
         self.message_rate = (settings.gateway_ws_messages_per_s,
                              settings.gateway_ws_messages_burst)
         self.open_connections = 0  # websockets this process holds now (/subscriptions)
+        self.plans = Plans()  # executions shared by equal subscriptions (live_operations)
         super().__init__(
             schema,
             graphql_ide=None,
