@@ -54,6 +54,16 @@ from schema.loader import load_catalog
 from schema.logs import configure_logging
 from schema.settings import Settings, get_settings
 
+# The cyclic garbage collector's thresholds (CPython's are 700, 10, 10). Ten thousand
+# websockets hold well over a million objects; with the defaults, opening them ran a full
+# collection each time a quarter more had lived through two young ones (each full pass
+# over them takes about a second and holds the event loop), and tabs opening and closing
+# 200 a second kept doing so: 7 of every 30 s of the gateway's CPU. Closed connections
+# leave no cycles of ours (their objects go by reference counting: tests/unit/
+# test_browser_scale.py), so young collections can wait for 10,000 objects, and a full
+# one for 100 young ones (docs/benchmarks.md, "Browser scale").
+GC_THRESHOLDS = (10_000, 10, 100)
+
 
 class GatewaySchema(strawberry.Schema):
     def process_errors(self, errors: list[GraphQLError],
@@ -156,6 +166,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
         # it out of the collector, whose full passes over it paused every request for tens
         # of milliseconds (the latency tail).
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         await fanout.start()  # the change feed is assigned before the first subscriber
         yield
         await fanout.stop()

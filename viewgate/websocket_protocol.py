@@ -1,5 +1,7 @@
 """uvicorn's sans-I/O websocket implementation (`websockets-sansio`) as the gateway runs it:
-permessage-deflate without context takeover, and only for messages worth compressing.
+permessage-deflate without context takeover, and only for messages worth compressing;
+keep-alive pings only for connections that were silent for a whole interval; and lighter
+per connection (tens of thousands are held at once, idle most of the time).
 
 With context takeover (uvicorn's choice, 12-bit windows) each connection keeps a zlib
 compressor and decompressor for its whole life: about 14 KiB of resident memory per
@@ -11,10 +13,20 @@ directions: it asks browsers not to take their context over either
 costs about 5 microseconds a message and gains nothing on a small one (a live value's
 change: 141 bytes to 125), so messages under `COMPRESS_MIN_BYTES` go uncompressed, as the
 extension allows per message; a page of a live list (400 bytes to 144) is compressed.
+
+uvicorn pings every connection every `ws_ping_interval` seconds to find the dead ones. A
+browser running graphql-ws with its keep-alive sends a `ping` message of its own as often:
+it is alive, and pinging it too doubles the messages idle tabs cost. A connection that
+sent anything within the last interval and a half is not pinged (the half: a client pinging
+as often as the server would otherwise always be a little late); the check comes again
+when that has passed. A silent one is pinged, and closed if it does not answer within
+`ws_ping_timeout`, as uvicorn does.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -55,9 +67,68 @@ class Deflate(ServerPerMessageDeflateFactory):
             agreed.compress_settings)
 
 
+class Inbox:
+    """The received messages waiting for the application: what uvicorn uses of an
+    asyncio.Queue (`put_nowait`, `get`, `empty`; one reader). An asyncio.Queue holds four
+    deques for its whole life (about 2.5 KiB a connection); this holds one only while
+    messages wait, and one future while its reader waits."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        if self._items is None:
+            self._items = deque()
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        assert self._items is not None
+        item = self._items.popleft()
+        if not self._items:
+            self._items = None
+        return item
+
+
 class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.queue = Inbox()  # type: ignore[assignment]
         if self.config.ws_per_message_deflate:
             self.conn = ServerProtocol(extensions=[Deflate()], max_size=self.config.ws_max_size,
                                        logger=self.conn.logger)
+
+    received_at = 0.0  # loop time of the last data from the client
+
+    def data_received(self, data: bytes) -> None:
+        self.received_at = self.loop.time()
+        super().data_received(data)
+
+    def send_keepalive_ping(self) -> None:
+        assert self.ping_interval is not None
+        alive = 1.5 * self.ping_interval - (self.loop.time() - self.received_at)
+        if alive > 0 and not self.close_sent:
+            self.ping_timer = self.loop.call_later(alive, self.send_keepalive_ping)
+            return
+        super().send_keepalive_ping()
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.accept":
+            # The handshake's request and response (their headers) are not needed after
+            # it; the ASGI scope keeps the request's headers for the application.
+            self.request = self.response = None  # type: ignore[assignment]

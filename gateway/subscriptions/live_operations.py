@@ -48,7 +48,7 @@ from gateway.subscriptions.sources import LiveSource
 
 # What a plan's context leaves out of the first subscription's (SubscriptionContext): what
 # belongs to its connection.
-CONNECTION_FIELDS = ("websocket", "connection_params", "message_context", "on_overflow")
+CONNECTION_FIELDS = ("websocket", "connection_params", "message_context")
 
 NOT_A_SUBSCRIPTION = object()  # open_subscription's answer for queries and mutations
 
@@ -349,6 +349,9 @@ class LiveOperations:
                 return
             operation.task = None
             operation.variables = None
+            # graphql-core's executor refers to itself (its async helpers are its own bound
+            # methods); the plan has a copy: break the cycle, refcounting frees the rest.
+            executor.async_helpers = None
             source.subscriber.attach(operation)
             handed_over = True
         except asyncio.CancelledError:

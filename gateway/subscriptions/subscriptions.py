@@ -81,8 +81,6 @@ class SubscriptionContext:
     scope: RowScope | None = None
     # The request context of the message being executed (gateway.types.types.request_context).
     message_context: Any = None
-    # What its subscribers call when the client reads too slowly (one for the connection).
-    on_overflow: Any = None
 
 
 def changefeed_name(vt: ViewTypes) -> str:
@@ -129,13 +127,9 @@ class Subscriptions:
     # --- shared ---------------------------------------------------------------------------
 
     def _subscriber(self, info: strawberry.Info) -> Subscriber:
-        context = info.context
-        overflow = getattr(context, "on_overflow", None)
-        if overflow is None:
-            overflow = functools.partial(self._overflowed, context)
-            if isinstance(context, SubscriptionContext):
-                context.on_overflow = overflow
-        return Subscriber(self.settings.gateway_subscription_buffer, overflow)
+        # (Not kept on the context: the context would refer to itself through it.)
+        return Subscriber(self.settings.gateway_subscription_buffer,
+                          functools.partial(self._overflowed, info.context))
 
     def _overflowed(self, context: Any, sub: Subscriber) -> None:
         """A subscription of the client's overflowed: close its websocket."""

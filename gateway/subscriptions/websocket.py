@@ -152,6 +152,11 @@ class TransportWSHandler(MessageRate, LiveOperations, BaseGraphQLTransportWSHand
                 await self.websocket.close(code=4403, reason=close_reason(reason))
                 return
         await super().handle_connection_init(message)
+        # Strawberry cancelled the init timeout and keeps its task (with its exception,
+        # traceback and frames) for the connection's life, more than a subscription costs.
+        # The loop holds the task until its cancellation is through.
+        if self.connection_init_received:
+            self.connection_init_timeout_task = None
         if self.connection_acknowledged and self.context.schema is not None:
             self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
 

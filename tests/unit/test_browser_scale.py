@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import tracemalloc
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
+import strawberry
 
 from gateway.reads.filters import Condition
 from gateway.subscriptions.subscribers import Overflow, Subscriber, filter_key
@@ -157,3 +159,183 @@ def test_a_send_racing_a_closing_tab_is_a_disconnect_not_an_error(caplog) -> Non
     with caplog.at_level("ERROR", logger="strawberry.ws.task"):
         asyncio.run(main())
     assert [r.exc_info[1].__class__ for r in caplog.records] == [ValueError]
+
+
+# --- subscriptions served without a task each (gateway.subscriptions.live_operations) ---
+
+
+def test_an_attached_subscriber_hands_items_over_in_order_then_its_failure() -> None:
+    got: list = []
+
+    class Sink:
+        def push(self, item: object) -> None:
+            got.append(item)
+
+        def fail(self, error: BaseException) -> None:
+            got.append(error)
+
+    sub = Subscriber(5, lambda _: None)
+    sub.put("waiting 1")
+    sub.put("waiting 2")
+    sub.attach(Sink())
+    assert sub.queue is None  # nothing kept once attached
+    sub.put("live")
+    error = RuntimeError("rebuilt")
+    sub.fail(error)
+    sub.put("after the end")
+    assert got == ["waiting 1", "waiting 2", "live", error]
+    failed_before = Subscriber(5, lambda _: None)
+    failed_before.put("last")
+    failed_before.fail(error)
+    got.clear()
+    failed_before.attach(Sink())
+    assert got == ["last", error]
+
+
+def test_unregistered_subscribers_are_freed_without_the_cycle_collector() -> None:
+    """Closed tabs must not wait for a full collection (a second at 10,000 tabs): once
+    unregistered, nothing but its holder refers to a subscriber (no cycle through the
+    closure that unregisters it)."""
+    import sys
+
+    from gateway.subscriptions.live_lists import LiveList
+    from gateway.subscriptions.subscribers import SubscriberIndex
+
+    async def main() -> list[tuple[int, int]]:
+        index = SubscriberIndex({"Customer": {}})
+        live = LiveList([], _page, 0.0, lambda: None, lambda _: None)
+        counts = []
+        for register in (lambda s: index.add_key("Customer", "C1", s),
+                         lambda s: index.add_filter("Customer", [], s), live.add):
+            sub = Subscriber(5, lambda _: None)
+            alone = sys.getrefcount(sub)
+            if asyncio.iscoroutine(outcome := register(sub)):
+                await outcome
+            registered = sys.getrefcount(sub)
+            sub.unregister()
+            counts.append((registered > alone, sys.getrefcount(sub) == alone))
+        return counts
+
+    assert asyncio.run(main()) == [(True, True)] * 3
+
+
+async def _page() -> tuple[object, object]:
+    return "page", "page"
+
+
+@strawberry.type
+class Tick:
+    name: str
+
+
+def _live_app():
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    from gateway.subscriptions.shared_results import SharedResultsExecutor, shared
+    from gateway.subscriptions.sources import LiveSource
+    from schema.settings import Settings
+
+    subscribers: list[Subscriber] = []
+
+    @strawberry.type
+    class Query:
+        ping: str = "pong"
+
+    @strawberry.type
+    class Subscription:
+        @strawberry.subscription
+        async def ticks(self, key: str) -> AsyncIterator[Tick]:  # type: ignore[misc]
+            sub = Subscriber(10, lambda _: None)
+            subscribers.append(sub)
+            sub.unregister = lambda: subscribers.remove(sub)
+            return LiveSource(sub)  # type: ignore[return-value]
+
+    schema = strawberry.Schema(query=Query, subscription=Subscription,
+                               execution_context_class=SharedResultsExecutor)
+    view = GraphQLWebSocket(schema, Settings())
+    app = Starlette(routes=[WebSocketRoute("/graphql", view)])
+
+    def tick(name: str) -> None:
+        message = shared(Tick(name=name))
+        for sub in list(subscribers):
+            sub.put(message)
+    return app, view, subscribers, tick
+
+
+def test_live_operations_share_a_plan_and_end_with_complete_or_the_connection() -> None:
+    from starlette.testclient import TestClient
+
+    app, view, subscribers, tick = _live_app()
+    query = "subscription($k: String!) { ticks(key: $k) { name } }"
+    with TestClient(app).websocket_connect("/graphql",
+                                           subprotocols=["graphql-transport-ws"]) as ws:
+        ws.send_json({"type": "connection_init"})
+        assert ws.receive_json()["type"] == "connection_ack"
+        for op, key in (("a", "1"), ("b", "2")):
+            ws.send_json({"id": op, "type": "subscribe",
+                          "payload": {"query": query, "variables": {"k": key}}})
+        ws.send_json({"type": "ping"})  # answered once both subscriptions have started
+        assert ws.receive_json() == {"type": "pong"}
+        assert len(subscribers) == 2
+        assert len(view.plans) == 1  # other root arguments, one execution
+        ws.portal.call(_in_loop, tick, "first")
+        got = [ws.receive_json(), ws.receive_json()]
+        assert sorted(m["id"] for m in got) == ["a", "b"]
+        assert all(m == {"id": m["id"], "type": "next", "payload": {"data": {
+            "ticks": {"name": "first"}}}} for m in got)
+        ws.send_json({"id": "a", "type": "complete"})
+        ws.send_json({"type": "ping"})
+        assert ws.receive_json() == {"type": "pong"}
+        assert len(subscribers) == 1
+        ws.portal.call(_in_loop, tick, "second")
+        assert ws.receive_json()["id"] == "b"
+    assert subscribers == [] and len(view.plans) == 0
+
+
+async def _in_loop(fn, *args) -> None:
+    fn(*args)
+
+
+# --- the websocket protocol the gateway runs (viewgate.websocket_protocol) ------------------
+
+
+def test_small_messages_go_uncompressed_and_large_ones_compressed() -> None:
+    import zlib
+
+    from websockets.frames import Frame, Opcode
+
+    from viewgate.websocket_protocol import COMPRESS_MIN_BYTES, Deflate
+
+    params, extension = Deflate().process_request_params(
+        [("client_max_window_bits", None)], [])
+    assert ("server_no_context_takeover", None) in params
+    assert ("client_no_context_takeover", None) in params
+    small = Frame(Opcode.TEXT, b'{"type":"pong"}')
+    assert extension.encode(small) is small  # no RSV1: sent as it is
+    large_data = orjson.dumps({"rows": [{"order": i, "status": "placed"} for i in range(40)]})
+    assert len(large_data) >= COMPRESS_MIN_BYTES
+    large = extension.encode(Frame(Opcode.TEXT, large_data))
+    assert large.rsv1 and len(large.data) < len(large_data)
+    # No context taken over: each message decompresses on its own.
+    assert zlib.decompressobj(wbits=-12).decompress(bytes(large.data) + b"\x00\x00\xff\xff") \
+        == large_data
+    assert not hasattr(extension, "encoder")  # no compressor kept between messages
+
+
+def test_the_inbox_hands_messages_over_in_order_and_keeps_nothing_idle() -> None:
+    from viewgate.websocket_protocol import Inbox
+
+    async def main() -> list:
+        inbox = Inbox()
+        reader = asyncio.ensure_future(inbox.get())
+        deadline = asyncio.get_running_loop().time() + 5
+        while inbox._waiter is None:  # the reader waits (a turn of the loop at most)
+            assert asyncio.get_running_loop().time() < deadline, "the reader never waited"
+            await asyncio.wait({reader}, timeout=0)
+        inbox.put_nowait(1)
+        inbox.put_nowait(2)
+        got = [await reader, await inbox.get()]
+        assert inbox.empty() and inbox._items is None and inbox._waiter is None
+        return got
+    assert asyncio.run(main()) == [1, 2]
