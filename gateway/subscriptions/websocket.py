@@ -61,14 +61,18 @@ SHARED_TEXT_CHARS = 10_000  # longer documents are rare and not shared
 # handler would otherwise drop it without a word; both handlers answer it below.
 NOT_JSON = object()
 
+KEEP_ALIVE = ("ping", "pong")  # graphql-transport-ws messages answered without a turn
+
 
 class MessageRate:
     """Both handlers: a connection sending past its budget
     (gateway.subscriptions.message_rate) is closed with 4029, and what it sent after that is
-    dropped unread. Each message first lets every other connection take its turn, and a
-    connection starts at most a few operations at once
+    dropped unread. Each message but a ping or pong first lets every other connection take
+    its turn, and a connection starts at most a few operations at once
     (gateway.subscriptions.operation_starts): one connection's backlog of subscribes or pings
-    cannot hold the event loop from the others."""
+    cannot hold the event loop from the others. (A pong is less work than the turn it would
+    wait for, and the budget bounds how many come in a row; ten thousand idle tabs' pings
+    each waited a turn of the loop.)"""
 
     _budget: MessageBudget | None = None
     _over: bool = False
@@ -111,8 +115,9 @@ class MessageRate:
             leave(token)
             self.starts.settle_when_done(op, task_of())
 
-    async def over_budget(self) -> bool:
-        await asyncio.sleep(0)  # the other connections' turn first
+    async def over_budget(self, message: Any = None) -> bool:
+        if not (isinstance(message, dict) and message.get("type") in KEEP_ALIVE):
+            await asyncio.sleep(0)  # the other connections' turn first
         if self._over:
             return True
         if self._budget is None:
@@ -161,7 +166,7 @@ class TransportWSHandler(MessageRate, LiveOperations, BaseGraphQLTransportWSHand
             self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
 
     async def handle_message(self, message: Any) -> None:
-        if await self.over_budget():
+        if await self.over_budget(message):
             return
         if message is NOT_JSON:
             await self.handle_invalid_message("WebSocket message must be valid JSON")
