@@ -42,8 +42,8 @@ def make_schema(events: list[Message]) -> strawberry.Schema:
     @strawberry.type
     class Subscription:
         @strawberry.subscription
-        async def messages(self) -> AsyncIterator[Message]:
-            for event in events:
+        async def messages(self, key: str = "") -> AsyncIterator[Message]:
+            for event in events:  # `key`: a root argument, as a live value's
                 yield event
 
     return strawberry.Schema(query=Query, subscription=Subscription,
@@ -100,22 +100,6 @@ def test_async_fields_are_awaited_once_and_given_to_everyone():
     assert CALLS == ["later a"]
 
 
-def make_keyed_schema(events: list[Message]) -> strawberry.Schema:
-    @strawberry.type
-    class Query:
-        ping: str = "pong"
-
-    @strawberry.type
-    class Subscription:
-        @strawberry.subscription
-        async def messages(self, key: str = "") -> AsyncIterator[Message]:
-            for event in events:
-                yield event
-
-    return strawberry.Schema(query=Query, subscription=Subscription,
-                             execution_context_class=SharedResultsExecutor)
-
-
 KEYED = "subscription($k: String!, $p: String!) { messages(key: $k) { greeting(punctuation: $p) } }"
 
 
@@ -123,7 +107,7 @@ def test_the_root_fields_arguments_do_not_split_executions():
     # Each tab watching its own key: the root field's arguments choose the stream, not
     # what is executed over a message.
     CALLS.clear()
-    schema = make_keyed_schema([shared(Message(name="a"))])
+    schema = make_schema([shared(Message(name="a"))])
     answers = run_all(schema, (KEYED, None, {"k": "1", "p": "!"}),
                       (KEYED, None, {"k": "2", "p": "!"}), (KEYED, None, {"k": "3", "p": "?"}))
     assert [a[0]["messages"]["greeting"] for a in answers] == ["hello a!", "hello a!",
