@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Route
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
@@ -29,6 +29,7 @@ from gateway.compiled.fast_http import FastEntry
 from gateway.compiled.fastpath import FastPath
 from gateway.http.http import GraphQLHTTP
 from gateway.http.limit_entry import LimitEntry
+from gateway.http.websocket_entry import WebSocketEntry
 from gateway.ops.dashboard_page import dashboard_routes
 from gateway.ops.long_scalar import LONG_SCALARS
 from gateway.ops.metrics import SUBSCRIPTIONS, metrics_endpoint
@@ -183,7 +184,6 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     app = Starlette(
         routes=[
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
-            WebSocketRoute("/graphql", websockets),
             Route("/subscriptions", subscriptions),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
@@ -195,8 +195,13 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
         lifespan=lifespan,
         # Compiled queries skip the router (gateway.compiled.fast_http); the rest goes through it.
         # Per-client limits first (gateway.http.limit_entry), so they hold on every path.
-        middleware=[Middleware(LimitEntry, limiter=limiter,
-                               websockets=settings.gateway_max_websockets_per_client,
+        # Websockets on /graphql go straight to their app, through their per-client limit
+        # (gateway.http.websocket_entry); HTTP requests through theirs.
+        middleware=[Middleware(WebSocketEntry, websocket_app=LimitEntry(
+                        websockets, limiter=None,
+                        websockets=settings.gateway_max_websockets_per_client,
+                        address_header=settings.gateway_client_address_header)),
+                    Middleware(LimitEntry, limiter=limiter, websockets=0,
                                address_header=settings.gateway_client_address_header),
                     *([Middleware(FastEntry, graphql=graphql)] if fast_path else [])],
     )
