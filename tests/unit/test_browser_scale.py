@@ -240,7 +240,9 @@ def _live_app():
 
     @strawberry.type
     class Query:
-        ping: str = "pong"
+        @strawberry.field
+        def ping(self) -> str:
+            return "pong"
 
     @strawberry.type
     class Subscription:
@@ -339,3 +341,43 @@ def test_the_inbox_hands_messages_over_in_order_and_keeps_nothing_idle() -> None
         assert inbox.empty() and inbox._items is None and inbox._waiter is None
         return got
     assert asyncio.run(main()) == [1, 2]
+
+
+def test_websockets_on_graphql_skip_starlettes_layers() -> None:
+    from gateway.http.websocket_entry import WebSocketEntry
+
+    calls: list[str] = []
+
+    def app(name: str):
+        async def run(scope, receive, send) -> None:
+            calls.append(name)
+        return run
+
+    entry = WebSocketEntry(app("starlette"), websocket_app=app("graphql websockets"))
+
+    async def main() -> None:
+        for scope in ({"type": "websocket", "path": "/graphql"},
+                      {"type": "websocket", "path": "/elsewhere"},
+                      {"type": "http", "path": "/graphql"}):
+            await entry(scope, None, None)
+    asyncio.run(main())
+    assert calls == ["graphql websockets", "starlette", "starlette"]
+
+
+def test_a_query_over_the_websocket_runs_as_strawberry_runs_it() -> None:
+    from starlette.testclient import TestClient
+
+    app, view, subscribers, _ = _live_app()
+    with TestClient(app).websocket_connect("/graphql",
+                                           subprotocols=["graphql-transport-ws"]) as ws:
+        ws.send_json({"type": "connection_init"})
+        assert ws.receive_json()["type"] == "connection_ack"
+        ws.send_json({"id": "q", "type": "subscribe", "payload": {"query": "{ ping }"}})
+        assert ws.receive_json() == {"id": "q", "type": "next",
+                                     "payload": {"data": {"ping": "pong"}}}
+        assert ws.receive_json() == {"id": "q", "type": "complete"}
+        ws.send_json({"id": "bad", "type": "subscribe",
+                      "payload": {"query": "subscription { ticks(key: 1) { nope } }"}})
+        error = ws.receive_json()
+        assert (error["id"], error["type"]) == ("bad", "error"), error
+    assert subscribers == [] and len(view.plans) == 0
