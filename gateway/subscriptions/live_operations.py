@@ -145,7 +145,10 @@ class Plan:
         return payload
 
     async def _encode_later(self, result: Awaitable[ExecutionResult]) -> str:
-        return self._encode(await result)
+        try:
+            return self._encode(await result)
+        except Exception as error:  # noqa: BLE001 - not a field's error: the message says it
+            return error_payload(self.schema, error)
 
     def _encode(self, result: ExecutionResult) -> str:
         payload: dict[str, Any] = {"data": result.data}
@@ -156,6 +159,15 @@ class Plan:
 
 
 PAYLOAD = "payload"  # a plan's encoded payloads on a shared message: (PAYLOAD, key)
+
+
+def error_payload(schema: Any, error: BaseException) -> str:
+    """The `next` payload of an error that ends a subscription (logged when it is not a
+    GraphQL error, as Strawberry logs what a stream raised)."""
+    graphql_error = error if isinstance(error, GraphQLError) else GraphQLError(
+        str(error), original_error=error)
+    schema.process_errors([graphql_error])
+    return orjson.dumps({"data": None, "errors": [graphql_error.formatted]}).decode()
 
 
 class Plans:
@@ -239,7 +251,7 @@ class LiveOperation(Operation):
         if isinstance(payload, str):
             self.handler.enqueue(_frame(self.id, "next", payload), self)
         else:
-            self.handler.enqueue(self._frame_later(payload), self)
+            self.handler.enqueue(asyncio.ensure_future(self._frame_later(payload)), self)
 
     async def _frame_later(self, payload: Awaitable[str]) -> str:
         return _frame(self.id, "next", await payload)
@@ -252,14 +264,18 @@ class LiveOperation(Operation):
         source = self.source
         if source is None:
             return
-        message = source.message(item)
-        if message is None:
-            return
-        if inspect.isawaitable(message):  # it reads first; later items wait for it
-            self.waiting = deque()
-            self.handler.enqueue(asyncio.ensure_future(self._message_later(message)), self)
-        else:
-            self.send(message)
+        try:
+            message = source.message(item)
+            if message is None:
+                return
+            if inspect.isawaitable(message):  # it reads first; later items wait for it
+                self.waiting = deque()
+                self.handler.enqueue(asyncio.ensure_future(self._message_later(message)),
+                                     self)
+            else:
+                self.send(message)
+        except Exception as error:  # noqa: BLE001 - ends this subscription, not the fan-out
+            self.fail(error)
 
     async def _message_later(self, message: Awaitable[Any]) -> str | None:
         frame = None
@@ -282,11 +298,8 @@ class LiveOperation(Operation):
         stream that raised)."""
         if self.completed:
             return
-        graphql_error = error if isinstance(error, GraphQLError) else GraphQLError(
-            str(error), original_error=error)
-        self.handler.schema.process_errors([graphql_error])
-        payload = orjson.dumps({"data": None, "errors": [graphql_error.formatted]}).decode()
-        self.handler.enqueue(_frame(self.id, "next", payload), self)
+        self.handler.enqueue(_frame(self.id, "next", error_payload(self.handler.schema, error)),
+                             self)
         self.complete()
 
     def complete(self) -> None:

@@ -228,6 +228,15 @@ class Tick:
     name: str
 
 
+def _failing_source():
+    from gateway.subscriptions.sources import LiveSource
+
+    class Failing(LiveSource):
+        def message(self, item: object) -> object:
+            raise ValueError("a bug in this source")
+    return Failing
+
+
 def _live_app():
     from starlette.applications import Starlette
     from starlette.routing import WebSocketRoute
@@ -237,6 +246,7 @@ def _live_app():
     from schema.settings import Settings
 
     subscribers: list[Subscriber] = []
+    Failing = _failing_source()
 
     @strawberry.type
     class Query:
@@ -251,7 +261,7 @@ def _live_app():
             sub = Subscriber(10, lambda _: None)
             subscribers.append(sub)
             sub.unregister = lambda: subscribers.remove(sub)
-            return LiveSource(sub)  # type: ignore[return-value]
+            return (Failing if key == "boom" else LiveSource)(sub)  # type: ignore[return-value]
 
     schema = strawberry.Schema(query=Query, subscription=Subscription,
                                execution_context_class=SharedResultsExecutor)
@@ -381,3 +391,27 @@ def test_a_query_over_the_websocket_runs_as_strawberry_runs_it() -> None:
         error = ws.receive_json()
         assert (error["id"], error["type"]) == ("bad", "error"), error
     assert subscribers == [] and len(view.plans) == 0
+
+
+def test_a_source_that_fails_ends_its_subscription_not_the_others() -> None:
+    from starlette.testclient import TestClient
+
+    app, view, subscribers, tick = _live_app()
+    query = "subscription($k: String!) { ticks(key: $k) { name } }"
+    with TestClient(app).websocket_connect("/graphql",
+                                           subprotocols=["graphql-transport-ws"]) as ws:
+        ws.send_json({"type": "connection_init"})
+        assert ws.receive_json()["type"] == "connection_ack"
+        for op, key in (("boom", "boom"), ("fine", "1")):
+            ws.send_json({"id": op, "type": "subscribe",
+                          "payload": {"query": query, "variables": {"k": key}}})
+        ws.send_json({"type": "ping"})
+        assert ws.receive_json() == {"type": "pong"}
+        ws.portal.call(_in_loop, tick, "first")
+        got = [ws.receive_json() for _ in range(3)]
+        ended = [m for m in got if m["id"] == "boom"]
+        assert [m["type"] for m in ended] == ["next", "complete"]
+        assert "a bug in this source" in ended[0]["payload"]["errors"][0]["message"]
+        assert [m["payload"] for m in got if m["id"] == "fine"] == [
+            {"data": {"ticks": {"name": "first"}}}]
+        assert len(subscribers) == 1
