@@ -6,6 +6,7 @@ registration."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -275,20 +276,31 @@ def _live_app():
     return app, view, subscribers, tick
 
 
-def test_live_operations_share_a_plan_and_end_with_complete_or_the_connection() -> None:
+TICKS = "subscription($k: String!) { ticks(key: $k) { name } }"
+
+
+@contextlib.contextmanager
+def _tab(app, subscriptions: tuple[tuple[str, str], ...] = ()):
+    """A graphql-transport-ws connection to `app`, acknowledged, with `subscriptions`
+    ((id, key), ...) started: a ping sent after them is answered once they have."""
     from starlette.testclient import TestClient
 
-    app, view, subscribers, tick = _live_app()
-    query = "subscription($k: String!) { ticks(key: $k) { name } }"
     with TestClient(app).websocket_connect("/graphql",
                                            subprotocols=["graphql-transport-ws"]) as ws:
         ws.send_json({"type": "connection_init"})
         assert ws.receive_json()["type"] == "connection_ack"
-        for op, key in (("a", "1"), ("b", "2")):
+        for op, key in subscriptions:
             ws.send_json({"id": op, "type": "subscribe",
-                          "payload": {"query": query, "variables": {"k": key}}})
-        ws.send_json({"type": "ping"})  # answered once both subscriptions have started
-        assert ws.receive_json() == {"type": "pong"}
+                          "payload": {"query": TICKS, "variables": {"k": key}}})
+        if subscriptions:
+            ws.send_json({"type": "ping"})
+            assert ws.receive_json() == {"type": "pong"}
+        yield ws
+
+
+def test_live_operations_share_a_plan_and_end_with_complete_or_the_connection() -> None:
+    app, view, subscribers, tick = _live_app()
+    with _tab(app, (("a", "1"), ("b", "2"))) as ws:
         assert len(subscribers) == 2
         assert len(view.plans) == 1  # other root arguments, one execution
         ws.portal.call(_in_loop, tick, "first")
@@ -375,13 +387,8 @@ def test_websockets_on_graphql_skip_starlettes_layers() -> None:
 
 
 def test_a_query_over_the_websocket_runs_as_strawberry_runs_it() -> None:
-    from starlette.testclient import TestClient
-
     app, view, subscribers, _ = _live_app()
-    with TestClient(app).websocket_connect("/graphql",
-                                           subprotocols=["graphql-transport-ws"]) as ws:
-        ws.send_json({"type": "connection_init"})
-        assert ws.receive_json()["type"] == "connection_ack"
+    with _tab(app) as ws:
         ws.send_json({"id": "q", "type": "subscribe", "payload": {"query": "{ ping }"}})
         assert ws.receive_json() == {"id": "q", "type": "next",
                                      "payload": {"data": {"ping": "pong"}}}
@@ -394,19 +401,8 @@ def test_a_query_over_the_websocket_runs_as_strawberry_runs_it() -> None:
 
 
 def test_a_source_that_fails_ends_its_subscription_not_the_others() -> None:
-    from starlette.testclient import TestClient
-
     app, view, subscribers, tick = _live_app()
-    query = "subscription($k: String!) { ticks(key: $k) { name } }"
-    with TestClient(app).websocket_connect("/graphql",
-                                           subprotocols=["graphql-transport-ws"]) as ws:
-        ws.send_json({"type": "connection_init"})
-        assert ws.receive_json()["type"] == "connection_ack"
-        for op, key in (("boom", "boom"), ("fine", "1")):
-            ws.send_json({"id": op, "type": "subscribe",
-                          "payload": {"query": query, "variables": {"k": key}}})
-        ws.send_json({"type": "ping"})
-        assert ws.receive_json() == {"type": "pong"}
+    with _tab(app, (("boom", "boom"), ("fine", "1"))) as ws:
         ws.portal.call(_in_loop, tick, "first")
         got = [ws.receive_json() for _ in range(3)]
         ended = [m for m in got if m["id"] == "boom"]
