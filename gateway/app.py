@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Route
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
@@ -29,6 +29,7 @@ from gateway.compiled.fast_http import FastEntry
 from gateway.compiled.fastpath import FastPath
 from gateway.http.http import GraphQLHTTP
 from gateway.http.limit_entry import LimitEntry
+from gateway.http.websocket_entry import WebSocketEntry
 from gateway.ops.dashboard_page import dashboard_routes
 from gateway.ops.long_scalar import LONG_SCALARS
 from gateway.ops.metrics import SUBSCRIPTIONS, metrics_endpoint
@@ -53,6 +54,16 @@ from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
 from schema.logs import configure_logging
 from schema.settings import Settings, get_settings
+
+# The cyclic garbage collector's thresholds (CPython's are 700, 10, 10). Ten thousand
+# websockets hold well over a million objects; with the defaults, opening them ran a full
+# collection each time a quarter more had lived through two young ones (each full pass
+# over them takes about a second and holds the event loop), and tabs opening and closing
+# 200 a second kept doing so: 7 of every 30 s of the gateway's CPU. Closed connections
+# leave no cycles of ours (their objects go by reference counting: tests/unit/
+# test_browser_scale.py), so young collections can wait for 10,000 objects, and a full
+# one for 100 young ones (docs/benchmarks.md, "Browser scale").
+GC_THRESHOLDS = (10_000, 10, 100)
 
 
 class GatewaySchema(strawberry.Schema):
@@ -147,8 +158,11 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     async def subscriptions(_: Request) -> JSONResponse:
         # Open websockets and the event loop's tasks: what a connection or subscription
         # left behind after it closed shows here (the browsers bench's churn check).
+        # And the garbage collector's passes per generation: a full one over ten thousand
+        # websockets holds the event loop for about a second.
         return JSONResponse({**fanout.report(), "websockets": websockets.open_connections,
-                             "tasks": len(asyncio.all_tasks()), "pid": os.getpid()})
+                             "tasks": len(asyncio.all_tasks()), "pid": os.getpid(),
+                             "gcCollections": [g["collections"] for g in gc.get_stats()]})
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -156,6 +170,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
         # it out of the collector, whose full passes over it paused every request for tens
         # of milliseconds (the latency tail).
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         await fanout.start()  # the change feed is assigned before the first subscriber
         yield
         await fanout.stop()
@@ -169,7 +184,6 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     app = Starlette(
         routes=[
             Route("/graphql", graphql.handle, methods=["GET", "POST"]),
-            WebSocketRoute("/graphql", websockets),
             Route("/subscriptions", subscriptions),
             Route("/healthz", healthz),
             Route("/schema.graphql", sdl),
@@ -181,8 +195,13 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
         lifespan=lifespan,
         # Compiled queries skip the router (gateway.compiled.fast_http); the rest goes through it.
         # Per-client limits first (gateway.http.limit_entry), so they hold on every path.
-        middleware=[Middleware(LimitEntry, limiter=limiter,
-                               websockets=settings.gateway_max_websockets_per_client,
+        # Websockets on /graphql go straight to their app, through their per-client limit
+        # (gateway.http.websocket_entry); HTTP requests through theirs.
+        middleware=[Middleware(WebSocketEntry, websocket_app=LimitEntry(
+                        websockets, limiter=None,
+                        websockets=settings.gateway_max_websockets_per_client,
+                        address_header=settings.gateway_client_address_header)),
+                    Middleware(LimitEntry, limiter=limiter, websockets=0,
                                address_header=settings.gateway_client_address_header),
                     *([Middleware(FastEntry, graphql=graphql)] if fast_path else [])],
     )

@@ -18,7 +18,9 @@ MAX_HEAD_BYTES = 64 * 1024
 # the application's. The legacy `websockets` implementation (uvicorn's "auto" choice) runs
 # three tasks per connection (reading, keep-alive, closing): measured at 10,000 tabs it held
 # more memory per connection than the three subscriptions it carried (docs/benchmarks.md).
-WEBSOCKETS = "websockets-sansio"
+# The gateway runs it with permessage-deflate without context takeover
+# (viewgate.websocket_protocol): no compressor kept per connection.
+WEBSOCKETS = "viewgate.websocket_protocol:GatewayWebSocketProtocol"
 
 
 # With several workers, uvicorn's supervisor asks each worker for a sign of life and kills

@@ -136,7 +136,12 @@ def query_cost(schema: GraphQLSchema, document: Any, operation_name: str | None,
                         yield from walk(fragment.selection_set, target, multiplier,
                                         seen | {name})
 
-    return sum(walk(operation.selection_set, schema.query_type, 1, frozenset()))
+    try:
+        return sum(walk(operation.selection_set, schema.query_type, 1, frozenset()))
+    finally:
+        # `walk` refers to itself through its closure: a cycle per query, left to the
+        # garbage collector, unless the cell is cleared.
+        walk = None  # type: ignore[assignment]  # noqa: F841
 
 
 class CostLimiter(SchemaExtension):

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gateway.reads.filters import Condition
-from gateway.subscriptions.subscribers import Subscriber
+from gateway.subscriptions.subscribers import Subscriber, unregistered
 
 log = logging.getLogger("viewgate.gateway.live")
 
@@ -41,7 +41,11 @@ class LiveList:
         """Register `sub` and send it the current page (evaluated first if none yet);
         an evaluation error of the first page is raised to every waiting subscriber."""
         self.subscribers.add(sub)
-        sub.unregister = lambda: self._remove(sub)
+
+        def remove() -> None:
+            sub.unregister = unregistered  # (it refers to this closure: a cycle otherwise)
+            self._remove(sub)
+        sub.unregister = remove
         if self.page is not None:
             sub.put(self.page)
             return

@@ -7,16 +7,23 @@ subscribers of one key cost 10,000 identical executions. Subscribers with the sa
 document, variables and scope (`share_scope` of the connection's context: whatever else a
 result depends on, such as the role) get the same result, so the first execution is kept
 on the message and the others take it.
+
+Only the variables below the subscription's root field count: the root field's own
+arguments choose the source stream (which key, which filter) and its resolver returns the
+message itself for every event, so they cannot change what is executed over a message.
+Thousands of tabs each watching the changes of their own customers share one execution.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+from collections import Counter, OrderedDict
 from typing import Any
 
 import orjson
-from graphql import OperationType
+from graphql import FieldNode, FragmentSpreadNode, Node, OperationDefinitionNode, OperationType
+from graphql.language import VariableDefinitionNode, VariableNode
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
 RESULTS = "_viewgate_results"  # attribute of a shared message: share key -> result
@@ -34,12 +41,70 @@ def share_key(executor: Any) -> tuple | None:
     operation = executor.operation
     if operation.loc is None:
         return None
+    below = variables_below_root(operation)
+    coerced = executor.variable_values.coerced
+    if below is not None:
+        coerced = {name: value for name, value in coerced.items() if name in below}
     # A str: orjson's bytes keep their 4 KiB output buffer, held here per subscription.
-    variables = orjson.dumps(executor.variable_values.coerced, default=repr,
-                             option=orjson.OPT_SORT_KEYS).decode()
+    variables = orjson.dumps(coerced, default=repr, option=orjson.OPT_SORT_KEYS).decode()
     scope = getattr(executor.context_value, "share_scope", None)
     name = operation.name.value if operation.name else None
     return id(executor.schema), operation.loc.source.body, name, variables, scope
+
+
+_BELOW: OrderedDict[int, tuple[OperationDefinitionNode, frozenset[str] | None]] = \
+    OrderedDict()
+BELOW_CACHE = 1024  # operations (parsed documents are cached and shared: few distinct)
+
+
+def variables_below_root(operation: OperationDefinitionNode) -> frozenset[str] | None:
+    """The variables a subscription's per-event results may depend on: every one its
+    operation uses except in its root field's arguments. None: all of them (the root
+    selection is not one plain field, or a fragment spread may use any)."""
+    kept = _BELOW.get(id(operation))
+    if kept is not None and kept[0] is operation:
+        return kept[1]
+    roots = operation.selection_set.selections
+    below: frozenset[str] | None = None
+    if len(roots) == 1 and isinstance(roots[0], FieldNode):
+        used = _variables(operation)
+        if used is not None:
+            in_arguments = Counter[str]()
+            for argument in roots[0].arguments or ():
+                in_arguments.update(_variables(argument) or ())
+            below = frozenset(name for name, count in used.items()
+                              if count > in_arguments[name])
+    _BELOW[id(operation)] = (operation, below)
+    if len(_BELOW) > BELOW_CACHE:
+        _BELOW.popitem(last=False)
+    return below
+
+
+def _variables(node: Node) -> Counter[str] | None:
+    """How often each variable is used under `node` (definitions do not count); None if
+    a fragment spread is there (its fragment is elsewhere in the document)."""
+    found = Counter[str]()
+    spreads = False
+
+    def walk(node: Node) -> None:
+        nonlocal spreads
+        if isinstance(node, VariableNode):
+            found[node.name.value] += 1
+            return
+        if isinstance(node, FragmentSpreadNode):
+            spreads = True
+        if isinstance(node, VariableDefinitionNode):
+            return
+        for key in node.keys:
+            value = getattr(node, key, None)
+            if isinstance(value, Node):
+                walk(value)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    if isinstance(item, Node):
+                        walk(item)
+    walk(node)
+    return None if spreads else found
 
 
 class SharedResultsExecutor(StrawberryGraphQLCoreExecutionContext):

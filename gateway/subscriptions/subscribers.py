@@ -54,8 +54,17 @@ def filter_key(conditions: Sequence[Condition], *extra: Any) -> str:
     return orjson.dumps([normal, *extra], default=str).decode()
 
 
-def _nothing() -> None:
-    pass
+def unregistered() -> None:
+    """The `unregister` of a subscriber registered nowhere (any more)."""
+
+
+class Sink(Protocol):
+    """Where a subscriber hands its items once nothing waits on it
+    (gateway.subscriptions.live_operations)."""
+
+    def push(self, item: Any) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
 
 
 class Subscriber:
@@ -63,11 +72,18 @@ class Subscriber:
     and it overflows (the gateway closes the client's websocket), so a slow client never
     holds more than that and never slows anyone else down.
 
-    Tens of thousands are held at once, most of them idle: the queue exists only while
-    messages wait, and a waiting `get` holds one future (an asyncio.Event and a deque
-    each cost more than the rest of the subscriber)."""
+    Read in one of two ways. A task may wait on it (`get`). Or, once `attach`ed, it hands
+    each item to its sink as it comes, and no task waits at all: the websocket handler's
+    live operations (gateway.subscriptions.live_operations) are served so, the outbox then
+    being their connection's. Tens of thousands are held at once, most of them idle: the
+    queue exists only while messages wait, and a waiting `get` holds one future (an
+    asyncio.Event and a deque each cost more than the rest of the subscriber)."""
 
-    __slots__ = ("failure", "limit", "on_overflow", "queue", "unregister", "_waiter")
+    __slots__ = ("failure", "limit", "on_overflow", "queue", "sink", "unregister", "_waiter")
+
+    # `unregister` is set by whoever registers the subscriber, and refers to it: it resets
+    # itself when called, so a subscriber gone is freed at once, not by the cyclic
+    # garbage collector (whose full passes over tens of thousands of tabs take a second).
 
     def __init__(self, limit: int, on_overflow: Callable[[Subscriber], None]) -> None:
         self.limit = limit
@@ -75,28 +91,49 @@ class Subscriber:
         self.queue: deque[Any] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.failure: BaseException | None = None
-        self.unregister: Callable[[], None] = _nothing
+        self.sink: Sink | None = None
+        self.unregister: Callable[[], None] = unregistered
 
     def put(self, item: Any) -> None:
         if self.failure is not None:
+            return
+        if self.sink is not None:
+            self.sink.push(item)
             return
         if self.queue is None:
             self.queue = deque()
         elif len(self.queue) >= self.limit:
             self.queue = None
-            self.fail(Overflow(f"more than {self.limit} messages waited for this client "
-                               "(gateway_subscription_buffer)"))
-            self.on_overflow(self)
+            self.overflow()
             return
         self.queue.append(item)
         self._wake()
+
+    def overflow(self) -> None:
+        """The client reads too slowly: end this subscription, and tell `on_overflow`."""
+        if self.failure is None:
+            self.fail(Overflow(f"more than {self.limit} messages waited for this client "
+                               "(gateway_subscription_buffer)"))
+            self.on_overflow(self)
 
     def fail(self, error: BaseException) -> None:
         """End the subscription with `error` once the messages before it are read."""
         if self.failure is None:
             self.failure = error
             self.unregister()
+            if self.sink is not None:
+                self.sink.fail(error)
         self._wake()
+
+    def attach(self, sink: Sink) -> None:
+        """From now on, hand every item to `sink` as it comes: first those waiting, in
+        order, then the failure that ended the subscription meanwhile, if any."""
+        waiting, self.queue = self.queue, None
+        self.sink = sink
+        for item in waiting or ():
+            sink.push(item)
+        if self.failure is not None:
+            sink.fail(self.failure)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -157,22 +194,28 @@ class SubscriberIndex:
         subs.add(sub)
 
         def remove() -> None:
+            sub.unregister = unregistered  # (it refers to this closure: a cycle otherwise)
             subs.discard(sub)
             if not subs and self.views[view].by_key.get(key) is subs:
                 del self.views[view].by_key[key]
         sub.unregister = remove
 
-    def add_filter(self, view: str, conditions: list[Condition], sub: Subscriber) -> None:
+    def add_filter(self, view: str, conditions: list[Condition],
+                   sub: Subscriber) -> list[Condition]:
+        """Register `sub`; returns its group's conditions (equal to `conditions`), one
+        list however many subscribers share the filter."""
         groups = self.views[view].filters
         fkey = filter_key(conditions)
         group = groups.setdefault(fkey, FilterGroup(conditions))
         group.subscribers.add(sub)
 
         def remove() -> None:
+            sub.unregister = unregistered
             group.subscribers.discard(sub)
             if not group.subscribers and groups.get(fkey) is group:
                 del groups[fkey]
         sub.unregister = remove
+        return group.conditions
 
     def targets(self, event: ChangeEvent) -> Iterator[tuple[Subscriber, str]]:
         """(subscriber, op) for every subscriber of a key or filter this change concerns."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from gateway.subscriptions.feed import FeedEvent
 from gateway.subscriptions.feed_cursor import FeedCursor, decode_feed_cursor, encode_feed_cursor
 from gateway.subscriptions.live_lists import LiveList
 from gateway.subscriptions.shared_results import shared
+from gateway.subscriptions.sources import LiveSource
 from gateway.subscriptions.subscribers import Subscriber, filter_key, relative_op
 from gateway.types.types import (
     RequestContext,
@@ -49,6 +51,7 @@ from schema.storage import key_of
 
 SLOW_CLIENT_CLOSE_CODE = 4008
 MESSAGE_CACHE = 4096  # recent change messages, shared by their subscribers
+CURRENT_CACHE = 4096  # recent current values, shared by the subscriptions starting from them
 
 
 @strawberry.enum(description="What happened to a row. CURRENT: its value when the "
@@ -104,6 +107,7 @@ class Subscriptions:
         self.changes = {name: change_type(vt) for name, vt in types.items()}
         self._closing: set[asyncio.Task] = set()
         self._messages: OrderedDict[tuple, Any] = OrderedDict()
+        self._currents: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
         # Current values that subscriptions start from, read in batches: thousands of
         # clients subscribing at once cost a few MGETs, not one read each (which could time
         # Redis out and send them all to Delta). No cache: each batch reads anew.
@@ -123,19 +127,21 @@ class Subscriptions:
     # --- shared ---------------------------------------------------------------------------
 
     def _subscriber(self, info: strawberry.Info) -> Subscriber:
-        context = info.context
+        # (Not kept on the context: the context would refer to itself through it.)
+        return Subscriber(self.settings.gateway_subscription_buffer,
+                          functools.partial(self._overflowed, info.context))
 
-        def overflow(sub: Subscriber) -> None:
-            if not isinstance(context, SubscriptionContext) or context.too_slow:
-                return  # closing already (another subscription of the same client)
-            context.too_slow = True
-            self.fanout.stats.overflows += 1
-            SLOW_CLIENTS.inc()
-            reason = f"too slow: over {sub.limit} messages waited (gateway_subscription_buffer)"
-            task = asyncio.ensure_future(_close(context.websocket, reason))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
-        return Subscriber(self.settings.gateway_subscription_buffer, overflow)
+    def _overflowed(self, context: Any, sub: Subscriber) -> None:
+        """A subscription of the client's overflowed: close its websocket."""
+        if not isinstance(context, SubscriptionContext) or context.too_slow:
+            return  # closing already (another subscription of the same client)
+        context.too_slow = True
+        self.fanout.stats.overflows += 1
+        SLOW_CLIENTS.inc()
+        reason = f"too slow: over {sub.limit} messages waited (gateway_subscription_buffer)"
+        task = asyncio.ensure_future(_close(context.websocket, reason))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _seen(self, vt: ViewTypes, op: str | None, item: FeedEvent,
               scope: RowScope | None) -> Any:
@@ -163,6 +169,24 @@ class Subscriptions:
                 self._messages.popitem(last=False)
         return message
 
+    def _current_message(self, vt: ViewTypes, key: str, row: Any, version: int | None,
+                         cursor: str) -> Any:
+        """The CURRENT message of a live value; one object for the subscriptions that
+        read an equal row at the same position (thousands of tabs opening on one key),
+        so their executions are shared too."""
+        slot = (vt.view.name, key, version, cursor)
+        cached = self._currents.get(slot)
+        if cached is not None and cached[0] == row:
+            return cached[1]
+        message = shared(self.changes[vt.view.name](
+            op=ChangeOp.CURRENT, key=key, version=version, cursor=cursor,
+            row=vt.to_object(row) if row is not None else None, before=None,
+            committed_at_ms=None))
+        self._currents[slot] = (row, message)
+        if len(self._currents) > CURRENT_CACHE:
+            self._currents.popitem(last=False)
+        return message
+
     # --- live value by key ----------------------------------------------------------------
 
     def _live_value_field(self, vt: ViewTypes) -> Any:
@@ -184,7 +208,7 @@ class Subscriptions:
                     f"{view.name} has no row with key {key}: subscribe to an existing key, or "
                     f"to {changefeed_name(vt)} to see rows appear", "NOT_FOUND",
                     view=view.name, key=key)
-            return self._live_value(vt, key, sub, current, scope)
+            return LiveValue(self, vt, key, sub, current, scope)
 
         params = [keyword(c, vt.fields[c].python_type) for c in view.key]
         return strawberry.subscription(
@@ -211,39 +235,6 @@ class Subscriptions:
             return [(rows[k], version) for k in keys]
         return load
 
-    async def _live_value(self, vt: ViewTypes, key: str, sub: Subscriber,
-                          current: tuple[Any, int | None, str],
-                          scope: RowScope | None) -> AsyncIterator[Any]:
-        change = self.changes[vt.view.name]
-
-        def current_message(row: Any, version: int | None, cursor: str) -> Any:
-            return change(op=ChangeOp.CURRENT, key=key, version=version, cursor=cursor,
-                          row=vt.to_object(row) if row is not None else None, before=None,
-                          committed_at_ms=None)
-        try:
-            row, version, cursor = current
-            yield current_message(row, version, cursor)
-            while True:
-                item = await sub.get()
-                if item is GENERATION_CHANGED:
-                    row, version, cursor = await self._current(vt, key)
-                    if not allows(scope, vt.view.name, row):
-                        row = None
-                    yield current_message(row, version, cursor)
-                    continue
-                op, feed_event = item
-                event = feed_event.event
-                # Already part of the value sent (the read may trail the feed a little).
-                if (version is not None and event.version <= version) or event.row == row:
-                    continue
-                message = self._seen(vt, op, feed_event, scope)
-                if message is None:
-                    continue  # a change among values it may not see
-                row = event.row
-                yield message
-        finally:
-            sub.unregister()
-
     # --- changes of a filtered list -------------------------------------------------------
 
     def _changes_field(self, vt: ViewTypes) -> Any:
@@ -257,7 +248,7 @@ class Subscriptions:
             if after is not None and after_version is not None:
                 raise QueryError("pass either after or afterVersion, not both", "BAD_REQUEST")
             sub = self._subscriber(info)
-            self.fanout.index.add_filter(view.name, conditions, sub)
+            conditions = self.fanout.index.add_filter(view.name, conditions, sub)
             position = self.fanout.position(view.name)
             generation = self.fanout.serving.get(view.name, 0)
             try:
@@ -266,8 +257,8 @@ class Subscriptions:
             except BaseException:
                 sub.unregister()
                 raise
-            return self._changes(vt, sub, conditions, generation, start, position,
-                                 after_version, scope)
+            return ChangeStream(self, vt, sub, conditions, generation, start, position,
+                                after_version, scope)
 
         params = [keyword("where", vt.where | None, None), keyword("after", str | None, None),
                   keyword("after_version", int | None, None)]
@@ -309,39 +300,6 @@ class Subscriptions:
             raise _expired(view)
         return start
 
-    async def _changes(self, vt: ViewTypes, sub: Subscriber, conditions: list[Condition],
-                       generation: int, start: int, position: int,
-                       floor: int | None, scope: RowScope | None) -> AsyncIterator[Any]:
-        view = vt.view.name
-        replayed: dict[str, int] = {}  # key -> version sent while replaying
-
-        def wanted(item: FeedEvent, replaying: bool) -> bool:
-            event = item.event
-            if item.offset < start or event.generation != generation \
-                    or (floor is not None and event.version <= floor) \
-                    or replayed.get(event.key, -1) >= event.version:
-                return False
-            if replaying:
-                replayed[event.key] = event.version
-            return True
-        try:
-            if start < position:
-                async for chunk in self.fanout.history.replay(view, self.fanout.topics[view],
-                                                              start, position):
-                    for item in chunk:
-                        op = relative_op(item.event, conditions, vt.fields) \
-                            if wanted(item, replaying=True) else None
-                        message = self._seen(vt, op, item, scope)
-                        if message is not None:
-                            yield message
-            while True:
-                op, item = await sub.get()
-                message = self._seen(vt, op, item, scope) if wanted(item, False) else None
-                if message is not None:
-                    yield message
-        finally:
-            sub.unregister()
-
     # --- live list ------------------------------------------------------------------------
 
     def _live_list_field(self, vt: ViewTypes) -> Any:
@@ -361,7 +319,7 @@ class Subscriptions:
                     "where": where, "order_by": order_by, "first": first}, scope)
             sub = self._subscriber(info)
             await live.add(sub)  # type: ignore[attr-defined]
-            return _drain(sub)
+            return LiveSource(sub)  # its pages as they come
 
         params = [keyword("where", vt.where | None, None),
                   keyword("order_by", vt.order_by | None, None),
@@ -396,14 +354,6 @@ class Subscriptions:
                         / 1000, evaluated, idle)
 
 
-async def _drain(sub: Subscriber) -> AsyncIterator[Any]:
-    try:
-        while True:
-            yield await sub.get()
-    finally:
-        sub.unregister()
-
-
 async def _close(websocket: Any, reason: str) -> None:
     with contextlib.suppress(Exception):  # already closing or gone
         await websocket.close(code=SLOW_CLIENT_CLOSE_CODE, reason=reason)
@@ -415,3 +365,96 @@ def _expired(view: str) -> QueryError:
         "are older than its retention, changefeed_retention_ms): query the view again and "
         "subscribe with afterVersion set to the version the query reports",
         "CURSOR_EXPIRED", view=view)
+
+
+class LiveValue(LiveSource):
+    """One row by key: its value when the subscription started (CURRENT), then each new
+    version of it, read again (CURRENT) when its view switches generation."""
+
+    __slots__ = ("cursor", "key", "row", "scope", "subscriptions", "version", "vt")
+
+    def __init__(self, subscriptions: Subscriptions, vt: ViewTypes, key: str,
+                 sub: Subscriber, current: tuple[Any, int | None, str],
+                 scope: RowScope | None) -> None:
+        super().__init__(sub)
+        self.subscriptions, self.vt, self.key, self.scope = subscriptions, vt, key, scope
+        self.row, self.version, cursor = current
+        self.cursor: str | None = cursor
+
+    async def opening(self) -> AsyncIterator[Any]:
+        cursor, self.cursor = self.cursor, None
+        assert cursor is not None
+        yield self.subscriptions._current_message(self.vt, self.key, self.row, self.version,
+                                                  cursor)
+
+    def message(self, item: Any) -> Any:
+        if item is GENERATION_CHANGED:
+            return self._read_again()
+        op, feed_event = item
+        event = feed_event.event
+        # Already part of the value sent (the read may trail the feed a little).
+        if (self.version is not None and event.version <= self.version) \
+                or event.row == self.row:
+            return None
+        message = self.subscriptions._seen(self.vt, op, feed_event, self.scope)
+        if message is not None:  # else a change among values it may not see
+            self.row = event.row
+        return message
+
+    async def _read_again(self) -> Any:
+        subscriptions, vt = self.subscriptions, self.vt
+        row, version, cursor = await subscriptions._current(vt, self.key)
+        if not allows(self.scope, vt.view.name, row):
+            row = None
+        self.row, self.version = row, version
+        return subscriptions._current_message(vt, self.key, row, version, cursor)
+
+
+class ChangeStream(LiveSource):
+    """The changes of the rows matching a filter, relative to it; resumed ones first
+    replay the feed from `start` up to `position`, where the live changes begin."""
+
+    __slots__ = ("conditions", "floor", "generation", "position", "replayed", "scope",
+                 "start", "subscriptions", "vt")
+
+    def __init__(self, subscriptions: Subscriptions, vt: ViewTypes, sub: Subscriber,
+                 conditions: list[Condition], generation: int, start: int, position: int,
+                 floor: int | None, scope: RowScope | None) -> None:
+        super().__init__(sub)
+        self.subscriptions, self.vt, self.conditions, self.scope = (
+            subscriptions, vt, conditions, scope)
+        self.generation, self.start, self.position, self.floor = (
+            generation, start, position, floor)
+        self.replayed: dict[str, int] | None = None  # key -> version sent while replaying
+
+    def _wanted(self, item: FeedEvent, replaying: bool) -> bool:
+        event = item.event
+        if item.offset < self.start or event.generation != self.generation \
+                or (self.floor is not None and event.version <= self.floor) \
+                or (self.replayed is not None
+                    and self.replayed.get(event.key, -1) >= event.version):
+            return False
+        if replaying:
+            if self.replayed is None:
+                self.replayed = {}
+            self.replayed[event.key] = event.version
+        return True
+
+    async def opening(self) -> AsyncIterator[Any]:
+        if self.start >= self.position:
+            return
+        subscriptions, vt = self.subscriptions, self.vt
+        view = vt.view.name
+        async for chunk in subscriptions.fanout.history.replay(
+                view, subscriptions.fanout.topics[view], self.start, self.position):
+            for item in chunk:
+                op = relative_op(item.event, self.conditions, vt.fields) \
+                    if self._wanted(item, replaying=True) else None
+                message = subscriptions._seen(vt, op, item, self.scope)
+                if message is not None:
+                    yield message
+
+    def message(self, item: Any) -> Any:
+        op, feed_event = item
+        return self.subscriptions._seen(self.vt, op, feed_event, self.scope) \
+            if self._wanted(feed_event, False) else None

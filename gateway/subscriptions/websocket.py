@@ -30,6 +30,7 @@ from strawberry.types.execution import PreExecutionError
 from gateway.access.auth import Unauthenticated
 from gateway.access.rate_limit import LIMITED
 from gateway.ops.metrics import WEBSOCKETS
+from gateway.subscriptions.live_operations import LiveOperations, Plans
 from gateway.subscriptions.message_rate import MessageBudget
 from gateway.subscriptions.operation_starts import OperationStarts, enter, leave
 from gateway.subscriptions.subscriptions import SubscriptionContext
@@ -60,14 +61,18 @@ SHARED_TEXT_CHARS = 10_000  # longer documents are rare and not shared
 # handler would otherwise drop it without a word; both handlers answer it below.
 NOT_JSON = object()
 
+KEEP_ALIVE = ("ping", "pong")  # graphql-transport-ws messages answered without a turn
+
 
 class MessageRate:
     """Both handlers: a connection sending past its budget
     (gateway.subscriptions.message_rate) is closed with 4029, and what it sent after that is
-    dropped unread. Each message first lets every other connection take its turn, and a
-    connection starts at most a few operations at once
+    dropped unread. Each message but a ping or pong first lets every other connection take
+    its turn, and a connection starts at most a few operations at once
     (gateway.subscriptions.operation_starts): one connection's backlog of subscribes or pings
-    cannot hold the event loop from the others."""
+    cannot hold the event loop from the others. (A pong is less work than the turn it would
+    wait for, and the budget bounds how many come in a row; ten thousand idle tabs' pings
+    each waited a turn of the loop.)"""
 
     _budget: MessageBudget | None = None
     _over: bool = False
@@ -110,8 +115,9 @@ class MessageRate:
             leave(token)
             self.starts.settle_when_done(op, task_of())
 
-    async def over_budget(self) -> bool:
-        await asyncio.sleep(0)  # the other connections' turn first
+    async def over_budget(self, message: Any = None) -> bool:
+        if not (isinstance(message, dict) and message.get("type") in KEEP_ALIVE):
+            await asyncio.sleep(0)  # the other connections' turn first
         if self._over:
             return True
         if self._budget is None:
@@ -127,7 +133,10 @@ class MessageRate:
         return True
 
 
-class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
+class TransportWSHandler(MessageRate, LiveOperations, BaseGraphQLTransportWSHandler):
+    """Strawberry's handler; its subscriptions are served without a task each once
+    started (gateway.subscriptions.live_operations)."""
+
     @staticmethod
     def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
         # A document that does not parse is one bad operation, not a broken connection:
@@ -148,11 +157,16 @@ class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
                 await self.websocket.close(code=4403, reason=close_reason(reason))
                 return
         await super().handle_connection_init(message)
+        # Strawberry cancelled the init timeout and keeps its task (with its exception,
+        # traceback and frames) for the connection's life, more than a subscription costs.
+        # The loop holds the task until its cancellation is through.
+        if self.connection_init_received:
+            self.connection_init_timeout_task = None
         if self.connection_acknowledged and self.context.schema is not None:
             self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
 
     async def handle_message(self, message: Any) -> None:
-        if await self.over_budget():
+        if await self.over_budget(message):
             return
         if message is NOT_JSON:
             await self.handle_invalid_message("WebSocket message must be valid JSON")
@@ -178,11 +192,17 @@ class TransportWSHandler(MessageRate, BaseGraphQLTransportWSHandler):
         if error is not None:
             await self.send_message({"id": op, "type": "error", "payload": [error.formatted]})
             return
+        operation = None
         try:
-            await super().handle_subscribe(message)
+            if self.max_subscriptions_per_connection is not None \
+                    and len(self.operations) >= self.max_subscriptions_per_connection:
+                await super().handle_subscribe(message)  # Strawberry answers the limit
+            else:
+                operation = self.new_operation(message)
         finally:
-            operation = self.operations.get(op)
-            self.view.admission.started(self.context, operation.task if operation else None)
+            # Given back when the operation ends (not its start task: a subscription
+            # lives on without it).
+            self.view.admission.started(self.context, operation)
 
 
 LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
@@ -262,6 +282,7 @@ class GraphQLWebSocket(GraphQL):
         self.message_rate = (settings.gateway_ws_messages_per_s,
                              settings.gateway_ws_messages_burst)
         self.open_connections = 0  # websockets this process holds now (/subscriptions)
+        self.plans = Plans()  # executions shared by equal subscriptions (live_operations)
         super().__init__(
             schema,
             graphql_ide=None,

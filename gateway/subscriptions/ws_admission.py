@@ -6,8 +6,8 @@ operation ends however it ends."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from graphql import GraphQLError
 
@@ -15,6 +15,15 @@ from gateway.access.client_identity import CLIENT_SCOPE_KEY
 from gateway.access.client_limits import ClientCounts
 from gateway.access.persisted import PersistedQueries, PersistedQueryError
 from gateway.access.rate_limit import LIMITED
+
+
+class Running(Protocol):
+    """What runs an operation: an asyncio.Task, or a
+    gateway.subscriptions.live_operations.LiveOperation."""
+
+    def done(self) -> bool: ...
+
+    def add_done_callback(self, callback: Callable[[Any], object]) -> None: ...
 
 
 def _client(context: Any) -> str | None:
@@ -38,7 +47,7 @@ class Admission:
                 return error.as_graphql_error()
             if resolved is not payload:
                 payload["query"] = resolved["query"]  # the handlers read it from there
-        client = _client(context)
+        client = _client(context) if self.subscriptions.limit else None  # 0: no limit
         if client is not None and not self.subscriptions.acquire(client):
             LIMITED.labels("subscription").inc()
             return GraphQLError(
@@ -47,10 +56,11 @@ class Admission:
                 extensions={"code": "LIMIT_SUBSCRIPTIONS"})
         return None
 
-    def started(self, context: Any, task: asyncio.Task | None) -> None:
-        """The admitted operation runs as `task` (None: the handler refused it after all):
-        its client's subscription is given back when it ends."""
-        client = _client(context)
+    def started(self, context: Any, task: Running | None) -> None:
+        """The admitted operation runs as `task` (an asyncio.Task, or a live operation that
+        says when it ends the same way; None: the handler refused it after all): its
+        client's subscription is given back when it ends."""
+        client = _client(context) if self.subscriptions.limit else None
         if client is None:
             return
         if task is None or task.done():

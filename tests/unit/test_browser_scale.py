@@ -6,11 +6,14 @@ registration."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import tracemalloc
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
+import strawberry
 
 from gateway.reads.filters import Condition
 from gateway.subscriptions.subscribers import Overflow, Subscriber, filter_key
@@ -157,3 +160,254 @@ def test_a_send_racing_a_closing_tab_is_a_disconnect_not_an_error(caplog) -> Non
     with caplog.at_level("ERROR", logger="strawberry.ws.task"):
         asyncio.run(main())
     assert [r.exc_info[1].__class__ for r in caplog.records] == [ValueError]
+
+
+# --- subscriptions served without a task each (gateway.subscriptions.live_operations) ---
+
+
+def test_an_attached_subscriber_hands_items_over_in_order_then_its_failure() -> None:
+    got: list = []
+
+    class Sink:
+        def push(self, item: object) -> None:
+            got.append(item)
+
+        def fail(self, error: BaseException) -> None:
+            got.append(error)
+
+    sub = Subscriber(5, lambda _: None)
+    sub.put("waiting 1")
+    sub.put("waiting 2")
+    sub.attach(Sink())
+    assert sub.queue is None  # nothing kept once attached
+    sub.put("live")
+    error = RuntimeError("rebuilt")
+    sub.fail(error)
+    sub.put("after the end")
+    assert got == ["waiting 1", "waiting 2", "live", error]
+    failed_before = Subscriber(5, lambda _: None)
+    failed_before.put("last")
+    failed_before.fail(error)
+    got.clear()
+    failed_before.attach(Sink())
+    assert got == ["last", error]
+
+
+def test_unregistered_subscribers_are_freed_without_the_cycle_collector() -> None:
+    """Closed tabs must not wait for a full collection (a second at 10,000 tabs): once
+    unregistered, nothing but its holder refers to a subscriber (no cycle through the
+    closure that unregisters it)."""
+    import sys
+
+    from gateway.subscriptions.live_lists import LiveList
+    from gateway.subscriptions.subscribers import SubscriberIndex
+
+    async def main() -> list[tuple[int, int]]:
+        index = SubscriberIndex({"Customer": {}})
+        live = LiveList([], _page, 0.0, lambda: None, lambda _: None)
+        counts = []
+        for register in (lambda s: index.add_key("Customer", "C1", s),
+                         lambda s: index.add_filter("Customer", [], s), live.add):
+            sub = Subscriber(5, lambda _: None)
+            alone = sys.getrefcount(sub)
+            if asyncio.iscoroutine(outcome := register(sub)):
+                await outcome
+            registered = sys.getrefcount(sub)
+            sub.unregister()
+            counts.append((registered > alone, sys.getrefcount(sub) == alone))
+        return counts
+
+    assert asyncio.run(main()) == [(True, True)] * 3
+
+
+async def _page() -> tuple[object, object]:
+    return "page", "page"
+
+
+@strawberry.type
+class Tick:
+    name: str
+
+
+def _failing_source():
+    from gateway.subscriptions.sources import LiveSource
+
+    class Failing(LiveSource):
+        def message(self, item: object) -> object:
+            raise ValueError("a bug in this source")
+    return Failing
+
+
+def _live_app():
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    from gateway.subscriptions.shared_results import SharedResultsExecutor, shared
+    from gateway.subscriptions.sources import LiveSource
+    from schema.settings import Settings
+
+    subscribers: list[Subscriber] = []
+    Failing = _failing_source()
+
+    @strawberry.type
+    class Query:
+        @strawberry.field
+        def ping(self) -> str:
+            return "pong"
+
+    @strawberry.type
+    class Subscription:
+        @strawberry.subscription
+        async def ticks(self, key: str) -> AsyncIterator[Tick]:  # type: ignore[misc]
+            sub = Subscriber(10, lambda _: None)
+            subscribers.append(sub)
+            sub.unregister = lambda: subscribers.remove(sub)
+            return (Failing if key == "boom" else LiveSource)(sub)  # type: ignore[return-value]
+
+    schema = strawberry.Schema(query=Query, subscription=Subscription,
+                               execution_context_class=SharedResultsExecutor)
+    view = GraphQLWebSocket(schema, Settings())
+    app = Starlette(routes=[WebSocketRoute("/graphql", view)])
+
+    def tick(name: str) -> None:
+        message = shared(Tick(name=name))
+        for sub in list(subscribers):
+            sub.put(message)
+    return app, view, subscribers, tick
+
+
+TICKS = "subscription($k: String!) { ticks(key: $k) { name } }"
+
+
+@contextlib.contextmanager
+def _tab(app, subscriptions: tuple[tuple[str, str], ...] = ()):
+    """A graphql-transport-ws connection to `app`, acknowledged, with `subscriptions`
+    ((id, key), ...) started: a ping sent after them is answered once they have."""
+    from starlette.testclient import TestClient
+
+    with TestClient(app).websocket_connect("/graphql",
+                                           subprotocols=["graphql-transport-ws"]) as ws:
+        ws.send_json({"type": "connection_init"})
+        assert ws.receive_json()["type"] == "connection_ack"
+        for op, key in subscriptions:
+            ws.send_json({"id": op, "type": "subscribe",
+                          "payload": {"query": TICKS, "variables": {"k": key}}})
+        if subscriptions:
+            ws.send_json({"type": "ping"})
+            assert ws.receive_json() == {"type": "pong"}
+        yield ws
+
+
+def test_live_operations_share_a_plan_and_end_with_complete_or_the_connection() -> None:
+    app, view, subscribers, tick = _live_app()
+    with _tab(app, (("a", "1"), ("b", "2"))) as ws:
+        assert len(subscribers) == 2
+        assert len(view.plans) == 1  # other root arguments, one execution
+        ws.portal.call(_in_loop, tick, "first")
+        got = [ws.receive_json(), ws.receive_json()]
+        assert sorted(m["id"] for m in got) == ["a", "b"]
+        assert all(m == {"id": m["id"], "type": "next", "payload": {"data": {
+            "ticks": {"name": "first"}}}} for m in got)
+        ws.send_json({"id": "a", "type": "complete"})
+        ws.send_json({"type": "ping"})
+        assert ws.receive_json() == {"type": "pong"}
+        assert len(subscribers) == 1
+        ws.portal.call(_in_loop, tick, "second")
+        assert ws.receive_json()["id"] == "b"
+    assert subscribers == [] and len(view.plans) == 0
+
+
+async def _in_loop(fn, *args) -> None:
+    fn(*args)
+
+
+# --- the websocket protocol the gateway runs (viewgate.websocket_protocol) ------------------
+
+
+def test_small_messages_go_uncompressed_and_large_ones_compressed() -> None:
+    import zlib
+
+    from websockets.frames import Frame, Opcode
+
+    from viewgate.websocket_protocol import COMPRESS_MIN_BYTES, Deflate
+
+    params, extension = Deflate().process_request_params(
+        [("client_max_window_bits", None)], [])
+    assert ("server_no_context_takeover", None) in params
+    assert ("client_no_context_takeover", None) in params
+    small = Frame(Opcode.TEXT, b'{"type":"pong"}')
+    assert extension.encode(small) is small  # no RSV1: sent as it is
+    large_data = orjson.dumps({"rows": [{"order": i, "status": "placed"} for i in range(40)]})
+    assert len(large_data) >= COMPRESS_MIN_BYTES
+    large = extension.encode(Frame(Opcode.TEXT, large_data))
+    assert large.rsv1 and len(large.data) < len(large_data)
+    # No context taken over: each message decompresses on its own.
+    assert zlib.decompressobj(wbits=-12).decompress(bytes(large.data) + b"\x00\x00\xff\xff") \
+        == large_data
+    assert not hasattr(extension, "encoder")  # no compressor kept between messages
+
+
+def test_the_inbox_hands_messages_over_in_order_and_keeps_nothing_idle() -> None:
+    from viewgate.websocket_protocol import Inbox
+
+    async def main() -> list:
+        inbox = Inbox()
+        reader = asyncio.ensure_future(inbox.get())
+        deadline = asyncio.get_running_loop().time() + 5
+        while inbox._waiter is None:  # the reader waits (a turn of the loop at most)
+            assert asyncio.get_running_loop().time() < deadline, "the reader never waited"
+            await asyncio.wait({reader}, timeout=0)
+        inbox.put_nowait(1)
+        inbox.put_nowait(2)
+        got = [await reader, await inbox.get()]
+        assert inbox.empty() and inbox._items is None and inbox._waiter is None
+        return got
+    assert asyncio.run(main()) == [1, 2]
+
+
+def test_websockets_on_graphql_skip_starlettes_layers() -> None:
+    from gateway.http.websocket_entry import WebSocketEntry
+
+    calls: list[str] = []
+
+    def app(name: str):
+        async def run(scope, receive, send) -> None:
+            calls.append(name)
+        return run
+
+    entry = WebSocketEntry(app("starlette"), websocket_app=app("graphql websockets"))
+
+    async def main() -> None:
+        for scope in ({"type": "websocket", "path": "/graphql"},
+                      {"type": "websocket", "path": "/elsewhere"},
+                      {"type": "http", "path": "/graphql"}):
+            await entry(scope, None, None)
+    asyncio.run(main())
+    assert calls == ["graphql websockets", "starlette", "starlette"]
+
+
+def test_a_query_over_the_websocket_runs_as_strawberry_runs_it() -> None:
+    app, view, subscribers, _ = _live_app()
+    with _tab(app) as ws:
+        ws.send_json({"id": "q", "type": "subscribe", "payload": {"query": "{ ping }"}})
+        assert ws.receive_json() == {"id": "q", "type": "next",
+                                     "payload": {"data": {"ping": "pong"}}}
+        assert ws.receive_json() == {"id": "q", "type": "complete"}
+        ws.send_json({"id": "bad", "type": "subscribe",
+                      "payload": {"query": "subscription { ticks(key: 1) { nope } }"}})
+        error = ws.receive_json()
+        assert (error["id"], error["type"]) == ("bad", "error"), error
+    assert subscribers == [] and len(view.plans) == 0
+
+
+def test_a_source_that_fails_ends_its_subscription_not_the_others() -> None:
+    app, view, subscribers, tick = _live_app()
+    with _tab(app, (("boom", "boom"), ("fine", "1"))) as ws:
+        ws.portal.call(_in_loop, tick, "first")
+        got = [ws.receive_json() for _ in range(3)]
+        ended = [m for m in got if m["id"] == "boom"]
+        assert [m["type"] for m in ended] == ["next", "complete"]
+        assert "a bug in this source" in ended[0]["payload"]["errors"][0]["message"]
+        assert [m["payload"] for m in got if m["id"] == "fine"] == [
+            {"data": {"ticks": {"name": "first"}}}]
+        assert len(subscribers) == 1

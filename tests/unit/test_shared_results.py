@@ -42,8 +42,8 @@ def make_schema(events: list[Message]) -> strawberry.Schema:
     @strawberry.type
     class Subscription:
         @strawberry.subscription
-        async def messages(self) -> AsyncIterator[Message]:
-            for event in events:
+        async def messages(self, key: str = "") -> AsyncIterator[Message]:
+            for event in events:  # `key`: a root argument, as a live value's
                 yield event
 
     return strawberry.Schema(query=Query, subscription=Subscription,
@@ -98,3 +98,40 @@ def test_async_fields_are_awaited_once_and_given_to_everyone():
     answers = run_all(schema, *[("subscription { messages { later } }",)] * 4)
     assert answers == [[{"messages": {"later": "a"}}]] * 4
     assert CALLS == ["later a"]
+
+
+KEYED = "subscription($k: String!, $p: String!) { messages(key: $k) { greeting(punctuation: $p) } }"
+
+
+def test_the_root_fields_arguments_do_not_split_executions():
+    # Each tab watching its own key: the root field's arguments choose the stream, not
+    # what is executed over a message.
+    CALLS.clear()
+    schema = make_schema([shared(Message(name="a"))])
+    answers = run_all(schema, (KEYED, None, {"k": "1", "p": "!"}),
+                      (KEYED, None, {"k": "2", "p": "!"}), (KEYED, None, {"k": "3", "p": "?"}))
+    assert [a[0]["messages"]["greeting"] for a in answers] == ["hello a!", "hello a!",
+                                                               "hello a?"]
+    assert CALLS == ["a", "a"]  # one for "!" (keys 1 and 2), one for "?"
+
+
+def test_variables_below_the_root_field():
+    from graphql import parse
+
+    from gateway.subscriptions.shared_results import variables_below_root
+
+    def below(text: str) -> frozenset[str] | None:
+        document = parse(text)
+        return variables_below_root(document.definitions[0])
+
+    assert below(KEYED) == {"p"}
+    # $k is used below the root too: it counts.
+    assert below("subscription($k: String!) { messages(key: $k) { greeting(punctuation: $k) } }"
+                 ) == {"k"}
+    assert below("subscription($k: String!) { messages(key: $k) { name } }") == frozenset()
+    assert below("subscription($k: String!, $x: Boolean!) { messages(key: $k) "
+                 "{ name @include(if: $x) } }") == {"x"}
+    # A fragment may use any variable: all of them count.
+    assert below("subscription($k: String!) { messages(key: $k) { ...F } } "
+                 "fragment F on Message { greeting(punctuation: $k) }") is None
+    assert below("subscription { ... on Subscription { messages { name } } }") is None

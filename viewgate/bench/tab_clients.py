@@ -208,12 +208,15 @@ def churn_tabs(url: str, rate: float, seconds: float, hot: str, keys: Sequence[s
     hold_tabs' tabs do, waiting for its live value's and list's first messages, staying
     `hold_s`, then closing its websocket (as a closed browser tab does: no `complete`).
     Returns {"started", "completed", "failures", "failed", "first_ms": [per tab: subscribe
-    -> both first messages], "seconds": from the first start to the last close}."""
+    -> both first messages], "seconds": from the first start to the last close, "served":
+    [first, last]: when the first and the last tab had their first messages, in seconds from
+    the first start}."""
 
     async def main() -> dict[str, Any]:
         completed = failures = 0
         failed: list[str] = []
         first_ms: list[float] = []
+        served: list[float] = []  # the first and last tab's first messages (s from start)
 
         async def tab(index: int) -> None:
             nonlocal completed, failures
@@ -237,6 +240,9 @@ def churn_tabs(url: str, rate: float, seconds: float, hot: str, keys: Sequence[s
                         if op is not None:
                             seen.add(op)
                 first_ms.append((time.monotonic() - began) * 1000)
+                done = time.monotonic() - started
+                served[:] = [min(served[0], done), max(served[1], done)] if served \
+                    else [done, done]
                 await asyncio.sleep(hold_s)
                 completed += 1
             except Exception as exc:  # noqa: BLE001 - counted and reported
@@ -257,6 +263,6 @@ def churn_tabs(url: str, rate: float, seconds: float, hot: str, keys: Sequence[s
         await asyncio.gather(*tasks, return_exceptions=True)
         return {"started": count, "completed": completed, "failures": failures,
                 "failed": failed, "first_ms": first_ms,
-                "seconds": time.monotonic() - started}
+                "seconds": time.monotonic() - started, "served": served}
 
     return asyncio.run(main())

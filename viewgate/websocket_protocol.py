@@ -1,0 +1,184 @@
+"""uvicorn's sans-I/O websocket implementation (`websockets-sansio`) as the gateway runs it:
+permessage-deflate without context takeover, and only for messages worth compressing;
+keep-alive pings only for connections that were silent for a whole interval; the frames
+written in one turn of the event loop sent in one system call; and lighter per connection
+(tens of thousands are held at once, idle most of the time).
+
+With context takeover (uvicorn's choice, 12-bit windows) each connection keeps a zlib
+compressor and decompressor for its whole life: about 14 KiB of resident memory per
+subscription at three subscriptions a tab, more than the rest of the connection and its
+subscriptions together (docs/benchmarks.md, "Browser scale"). Without it, the gateway
+compresses each message on its own and keeps nothing between messages, in both
+directions: it asks browsers not to take their context over either
+(`client_no_context_takeover`, which RFC 7692 lets a server require). A fresh compressor
+costs about 5 microseconds a message and gains nothing on a small one (a live value's
+change: 141 bytes to 125), so messages under `COMPRESS_MIN_BYTES` go uncompressed, as the
+extension allows per message; a page of a live list (400 bytes to 144) is compressed.
+
+uvicorn pings every connection every `ws_ping_interval` seconds to find the dead ones. A
+browser running graphql-ws with its keep-alive sends a `ping` message of its own as often:
+it is alive, and pinging it too doubles the messages idle tabs cost. A connection that
+sent anything within the last interval and a half is not pinged (the half: a client pinging
+as often as the server would otherwise always be a little late); the check comes again
+when that has passed. A silent one is pinged, and closed if it does not answer within
+`ws_ping_timeout`, as uvicorn does.
+
+uvicorn writes each frame to the socket at once. When a change reaches a tab's live value
+and its change stream, that was two writes, each a trip through the TCP stack: most of a
+fan-out's CPU (measured with py-spy: 60% in the write). The connection's writes of one turn
+of the loop now go out together, at its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.extensions.permessage_deflate import (
+    PerMessageDeflate,
+    ServerPerMessageDeflateFactory,
+)
+from websockets.frames import Frame, Opcode
+from websockets.server import ServerProtocol
+
+WINDOW_BITS = 12  # as uvicorn's
+COMPRESS_SETTINGS = {"memLevel": 5}  # as uvicorn's
+COMPRESS_MIN_BYTES = 256
+
+
+class SmallUncompressed(PerMessageDeflate):
+    """permessage-deflate that sends a message under COMPRESS_MIN_BYTES as it is."""
+
+    def encode(self, frame: Frame) -> Frame:
+        if frame.fin and frame.opcode in (Opcode.TEXT, Opcode.BINARY) \
+                and len(frame.data) < COMPRESS_MIN_BYTES:
+            return frame
+        return super().encode(frame)
+
+
+class Deflate(ServerPerMessageDeflateFactory):
+    def __init__(self) -> None:
+        super().__init__(server_no_context_takeover=True, client_no_context_takeover=True,
+                         server_max_window_bits=WINDOW_BITS,
+                         client_max_window_bits=WINDOW_BITS,
+                         compress_settings=COMPRESS_SETTINGS)
+
+    def process_request_params(self, *args: Any, **kwargs: Any) -> Any:
+        params, agreed = super().process_request_params(*args, **kwargs)
+        return params, SmallUncompressed(
+            agreed.remote_no_context_takeover, agreed.local_no_context_takeover,
+            agreed.remote_max_window_bits, agreed.local_max_window_bits,
+            agreed.compress_settings)
+
+
+class Inbox:
+    """The received messages waiting for the application: what uvicorn uses of an
+    asyncio.Queue (`put_nowait`, `get`, `empty`; one reader). An asyncio.Queue holds four
+    deques for its whole life (about 2.5 KiB a connection); this holds one only while
+    messages wait, and one future while its reader waits."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        if self._items is None:
+            self._items = deque()
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        assert self._items is not None
+        item = self._items.popleft()
+        if not self._items:
+            self._items = None
+        return item
+
+
+class CoalescedWrites:
+    """A connection's transport whose writes of one turn of the event loop are sent in one
+    system call, at its end. What else uvicorn uses of the transport is passed through;
+    closing sends what waits first."""
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._pending is None:
+            self._pending = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._pending.append(data)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+
+class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = Inbox()  # type: ignore[assignment]
+        if self.config.ws_per_message_deflate:
+            self.conn = ServerProtocol(extensions=[Deflate()], max_size=self.config.ws_max_size,
+                                       logger=self.conn.logger)
+
+    received_at = 0.0  # loop time of the last data from the client
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.transport = CoalescedWrites(transport, self.loop)  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received_at = self.loop.time()
+        super().data_received(data)
+
+    def send_keepalive_ping(self) -> None:
+        assert self.ping_interval is not None
+        alive = 1.5 * self.ping_interval - (self.loop.time() - self.received_at)
+        if alive > 0 and not self.close_sent:
+            self.ping_timer = self.loop.call_later(alive, self.send_keepalive_ping)
+            return
+        super().send_keepalive_ping()
+
+    def start_keepalive(self) -> None:
+        super().start_keepalive()  # the handshake is complete (uvicorn's `send`, on accept)
+        # Its request and response (their headers) are not needed after it; the ASGI
+        # scope keeps the request's headers for the application.
+        self.request = self.response = None  # type: ignore[assignment]
