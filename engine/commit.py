@@ -132,19 +132,13 @@ class ViewCommitter:
                     extra={"view": self.view.name, "batch_id": batch_id})
         return {k: current.get(k) for k in keys}
 
-    def commit(
-        self,
-        batch_id: int,
-        rows: Sequence[Mapping[str, Any]],
-        deleted: Sequence[Mapping[str, Any]] = (),
-        before: Before | None = None,
-        extra_ops: Sequence[Op] = (),
-    ) -> int:
+    def commit(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
+               deleted: Sequence[Mapping[str, Any]] = ()) -> int:
         """Commit one batch of this view alone: prepare, Redis, change feed, Delta (the
         graph runs these steps for all its views at once, engine.graph). `rows` are
         upserted; `deleted` hold the `delete_on` columns of deleted rows. Returns what the
         Redis apply said (schema.storage APPLIED, REPLAYED, RETIRED)."""
-        pending = self.prepare(batch_id, rows, deleted, before, extra_ops)
+        pending = self.prepare(batch_id, rows, deleted)
         try:
             started = time.perf_counter()
             status = self.redis.apply(**self._apply_args(pending))
