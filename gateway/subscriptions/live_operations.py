@@ -322,6 +322,8 @@ class LiveOperations:
     _outbox: deque[Any] | None = None
     _writer: asyncio.Task | None = None
     _too_slow: bool = False
+    _room: asyncio.Future[None] | None = None  # an opening waiting for the writer
+    _room_below = 0  # ... until fewer frames than this wait
 
     def new_operation(self, message: Any) -> LiveOperation:
         """Strawberry's `handle_subscribe` after its checks, with a LiveOperation."""
@@ -355,6 +357,7 @@ class LiveOperations:
                 async for message in source.opening():
                     operation.send(message)
                     self.starts.settle(operation.id)  # type: ignore[attr-defined]
+                    await self.room_for(source.subscriber.limit // 2)
             except Exception as error:  # noqa: BLE001 - ends the subscription, as Strawberry
                 operation.fail(error)
                 return
@@ -424,11 +427,29 @@ class LiveOperations:
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write())
 
+    async def room_for(self, mark: int) -> None:
+        """Wait until fewer than `mark` frames wait to be written. An opening (a replay
+        may hold more changes than the buffer) goes at the pace its client reads: only
+        live messages, which nobody can hold back, count against the buffer."""
+        mark = max(1, mark)
+        while self._outbox is not None and len(self._outbox) >= mark:
+            if self._room is None:
+                self._room = asyncio.get_running_loop().create_future()
+            self._room_below = mark
+            await asyncio.shield(self._room)
+
+    def _make_room(self) -> None:
+        room, self._room = self._room, None
+        if room is not None and not room.done():
+            room.set_result(None)
+
     async def _write(self) -> None:
         send = self.websocket.ws.send_text  # type: ignore[attr-defined]
         try:
             while self._outbox:
                 frame = self._outbox.popleft()
+                if self._room is not None and len(self._outbox) < self._room_below:
+                    self._make_room()
                 if not isinstance(frame, str):
                     frame = await frame
                     if frame is None:
@@ -440,3 +461,4 @@ class LiveOperations:
             self._writer = None
             if not self._outbox:
                 self._outbox = None
+            self._make_room()

@@ -238,6 +238,18 @@ def _failing_source():
     return Failing
 
 
+def _replaying_source():
+    """A source whose opening replays five times its subscriber's buffer."""
+    from gateway.subscriptions.shared_results import shared
+    from gateway.subscriptions.sources import LiveSource
+
+    class Replaying(LiveSource):
+        async def opening(self):
+            for i in range(5 * self.subscriber.limit):
+                yield shared(Tick(name=f"replayed {i}"))
+    return Replaying
+
+
 def _live_app():
     from starlette.applications import Starlette
     from starlette.routing import WebSocketRoute
@@ -248,6 +260,7 @@ def _live_app():
 
     subscribers: list[Subscriber] = []
     Failing = _failing_source()
+    Replaying = _replaying_source()
 
     @strawberry.type
     class Query:
@@ -262,7 +275,8 @@ def _live_app():
             sub = Subscriber(10, lambda _: None)
             subscribers.append(sub)
             sub.unregister = lambda: subscribers.remove(sub)
-            return (Failing if key == "boom" else LiveSource)(sub)  # type: ignore[return-value]
+            source = {"boom": Failing, "replay": Replaying}.get(key, LiveSource)
+            return source(sub)  # type: ignore[return-value]
 
     schema = strawberry.Schema(query=Query, subscription=Subscription,
                                execution_context_class=SharedResultsExecutor)
@@ -411,3 +425,19 @@ def test_a_source_that_fails_ends_its_subscription_not_the_others() -> None:
         assert [m["payload"] for m in got if m["id"] == "fine"] == [
             {"data": {"ticks": {"name": "first"}}}]
         assert len(subscribers) == 1
+
+
+@pytest.mark.timeout(30)  # without the wait, the overflowed client would wait forever
+def test_an_opening_longer_than_the_buffer_goes_at_the_clients_pace() -> None:
+    """A resumed subscription may replay more changes than its buffer holds: it waits for
+    the client to read them, rather than closing a client that reads promptly."""
+    app, view, subscribers, tick = _live_app()
+    with _tab(app) as ws:
+        ws.send_json({"id": "r", "type": "subscribe",
+                      "payload": {"query": TICKS, "variables": {"k": "replay"}}})
+        names = [ws.receive_json()["payload"]["data"]["ticks"]["name"] for _ in range(50)]
+        assert names == [f"replayed {i}" for i in range(50)]
+        ws.portal.call(_in_loop, tick, "live")
+        assert ws.receive_json() == {"id": "r", "type": "next",
+                                     "payload": {"data": {"ticks": {"name": "live"}}}}
+    assert subscribers == []
