@@ -24,11 +24,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import redis
 from deltalake import DeltaTable
 
 from engine.incremental import json_value
 from schema.catalog import View, graphql_fields
+from schema.redis_client import connect as connect_redis
 from schema.storage import (
     INDEX_SEPARATOR,
     complete_field,
@@ -143,7 +143,7 @@ class RedisRows:
 
     def __init__(self, redis_url: str, views: Mapping[str, View],
                  generations: Mapping[str, int], fallback: DeltaRows) -> None:
-        self.client = redis.Redis.from_url(redis_url)
+        self.client = connect_redis(redis_url)
         self.views = views
         self.generations = generations
         self.fallback = fallback

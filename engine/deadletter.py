@@ -7,20 +7,22 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 
 from engine.metrics import observe_dead_letters
 from schema.catalog import Catalog, Source, parse_ddl
+from schema.redis_client import connect as connect_redis
 from schema.storage import META_DEAD_LETTERS, deadletter_topic, meta_key
 
+# Once per view, each in its own meta hash (its slot in a Redis Cluster): the fence field
+# names the query counting, whose batch ids it compares.
 _COUNT_ONCE_LUA = f"""
--- KEYS[1] fence hash of the source; KEYS[2..] meta hashes of its views.
-local seen = redis.call('HGET', KEYS[1], 'batch')
-if seen and tonumber(seen) >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'batch', ARGV[1])
-for i = 2, #KEYS do redis.call('HINCRBY', KEYS[i], '{META_DEAD_LETTERS}', ARGV[2]) end
+-- KEYS[1] a view's meta hash; ARGV[1] fence field, ARGV[2] batch id, ARGV[3] count.
+local seen = redis.call('HGET', KEYS[1], ARGV[1])
+if seen and tonumber(seen) >= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[1], '{META_DEAD_LETTERS}', ARGV[3])
 return 1
 """
 
@@ -62,12 +64,13 @@ class DeadLetterWriter:
     def __init__(self, bootstrap: str, redis_url: str, catalog: Catalog, source: Source,
                  fence: str | None = None) -> None:
         self.source = source
-        # The Redis hash that records the last batch counted: per query, whose batch ids
-        # it compares.
-        self.fence = fence or f"vg:dlq:{source.name}"
+        # The meta field that records the last batch counted: per query, whose batch ids
+        # it compares (not ending in ":g<N>", which a generation switch would take for a
+        # generation's own field).
+        self.fence = f"dead_letter_batch:{fence or source.name}"
         self.topic = deadletter_topic(source.name)
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis = connect_redis(redis_url)
         self.count_once = self.redis.register_script(_COUNT_ONCE_LUA)
         self.meta_keys = [meta_key(v.name) for v in catalog.views_fed_by(source.name)]
 
@@ -97,8 +100,7 @@ class DeadLetterWriter:
             self.producer.poll(0)
         if self.producer.flush(60):
             raise RuntimeError(f"dead-letter topic {self.topic}: records left undelivered")
-        counted = self.count_once(
-            keys=[self.fence, *self.meta_keys], args=[batch_id, len(rows)]
-        )
-        if counted == 1:  # not a replayed batch
+        counted = [self.count_once(keys=[meta], args=[self.fence, batch_id, len(rows)])
+                   for meta in self.meta_keys]
+        if 1 in counted:  # not a replayed batch
             observe_dead_letters(self.source.name, len(rows))

@@ -14,11 +14,15 @@ from pathlib import Path
 
 import redis
 
+from schema.redis_client import is_cluster
 from schema.settings import Settings
 from schema.storage import (
+    GRAPH_APPLYING,
+    GRAPH_VERSION,
     META_GENERATION,
     SWITCH_GENERATION_LUA,
     generation_pattern,
+    graph_key,
     meta_key,
     read_current_generation,
     write_current_generation,
@@ -95,6 +99,16 @@ def switch_generations(settings: Settings, client: redis.Redis,
     for view, generation in generations.items():
         write_current_generation(settings.delta_location, view, generation)
     switch = client.register_script(SWITCH_GENERATION_LUA)
+    if is_cluster(client):
+        # No transaction spans a cluster's slots. The views switch one by one while the new
+        # generation's graph mark says a batch is applying: a reader of several of them
+        # waits for the mark or runs again (gateway.reads.consistency), as during a batch.
+        marker = graph_key(max(generations.values()))
+        client.hset(marker, GRAPH_APPLYING, client.hget(marker, GRAPH_VERSION) or -1)
+        for view, generation in generations.items():
+            switch(keys=[meta_key(view)], args=[generation])
+        client.hdel(marker, GRAPH_APPLYING)
+        return
     with client.pipeline(transaction=True) as pipe:
         for view, generation in generations.items():
             switch(keys=[meta_key(view)], args=[generation], client=pipe)

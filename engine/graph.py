@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -66,6 +65,8 @@ from engine.sources import classify_sources, read_kafka, source_columns, value_c
 from engine.stream_aggregates import META_MAX_EVENT_TIME, Seen, StreamAggregate, StreamBatch
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
+from schema.redis_client import connect as connect_redis
+from schema.redis_client import is_cluster
 from schema.settings import Settings
 from schema.storage import (
     GRAPH_APPLYING,
@@ -187,10 +188,10 @@ class GraphBatch:
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
         self.stream_batches: dict[str, StreamBatch] = {}  # of the last batch, for metrics
         self.generation = graph_generation(generations, catalog)
-        self.redis = redis.Redis.from_url(settings.redis_url)  # the graph's applies and marks
+        self.redis = connect_redis(settings.redis_url)  # the graph's applies and marks
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
-                                     fence=f"vg:dlq:{s.name}:graph:g{self.generation}")
+                                     fence=f"{s.name}/graph{self.generation}")
             for s in self.sources} if dead_letters else {}
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -292,14 +293,22 @@ class GraphBatch:
         a rebuild retired the generation meanwhile."""
         todo = [(name, p) for name, p in pending.items() if not p.applied]
         marker = graph_key(self.generation)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(marker, GRAPH_APPLYING, batch_id)
+        # One pipeline: the mark, the applies, the mark. A cluster pipeline sends each master
+        # its share apart, in no order between masters, so there the three go one by one.
+        apart = is_cluster(self.redis)
+        applying = self.redis.pipeline(transaction=False).hset(marker, GRAPH_APPLYING, batch_id)
+        applies = self.redis.pipeline(transaction=False) if apart else applying
         for name, prepared in todo:
-            self.committers[name].queue_apply(prepared, pipe)
-        pipe.hset(marker, GRAPH_VERSION, batch_id)
-        pipe.hdel(marker, GRAPH_APPLYING)
+            self.committers[name].queue_apply(prepared, applies)
+        landed = self.redis.pipeline(transaction=False) if apart else applies
+        landed.hset(marker, GRAPH_VERSION, batch_id).hdel(marker, GRAPH_APPLYING)
         sent = time.perf_counter()
-        statuses = [int(s) for s in pipe.execute()[1:-2]]
+        if apart:
+            applying.execute()
+            statuses = [int(s) for s in applies.execute()]
+            landed.execute()
+        else:
+            statuses = [int(s) for s in applies.execute()[1:-2]]
         self.timings["redis_ms"] = (time.perf_counter() - sent) * 1000
         if RETIRED in statuses:
             return RETIRED

@@ -19,6 +19,7 @@ from pyspark.sql.streaming.listener import (
 from engine.failures import summarize
 from engine.metrics import observe_failure, observe_progress
 from engine.views import query_views
+from schema.redis_client import connect as connect_redis
 from schema.storage import (
     META_BATCH_MS,
     META_INPUT_RATE,
@@ -86,7 +87,7 @@ class ProgressRecorder(StreamingQueryListener):
 
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis = connect_redis(redis_url)
         self.record_progress = self.redis.register_script(_RECORD_PROGRESS_LUA)
         self.record_error = self.redis.register_script(_RECORD_ERROR_LUA)
         self.names: dict[str, str] = {}  # query id -> query name, for terminations

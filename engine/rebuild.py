@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -37,6 +36,7 @@ from engine.sinks.delta_sink import ensure_table
 from engine.topics import ensure_view_topics
 from engine.views import start_view_query
 from schema.catalog import Catalog
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from schema.storage import delta_table_path
 
@@ -124,7 +124,7 @@ def rebuild_view(
     with _exclusive(settings, view.name):
         schema = analyse(spark, catalog)[view.name]
         ensure_view_topics(settings, catalog)
-        client = redis.Redis.from_url(settings.redis_url)
+        client = connect_redis(settings.redis_url)
         try:
             live = reconcile_generation(settings, client, view.name)
             new = live + 1
@@ -189,7 +189,7 @@ def rebuild_graph(
     with _exclusive(settings, "_graph"):
         schemas = analyse(spark, catalog)
         ensure_view_topics(settings, catalog)
-        client = redis.Redis.from_url(settings.redis_url)
+        client = connect_redis(settings.redis_url)
         try:
             live = {name: reconcile_generation(settings, client, name) for name in views}
             new = max(live.values()) + 1

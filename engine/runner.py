@@ -9,7 +9,6 @@ import threading
 import time
 import weakref
 
-import redis
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
@@ -24,6 +23,7 @@ from engine.sinks.delta_sink import ensure_table
 from engine.topics import ensure_view_topics
 from engine.views import start_deadletter_query, start_view_query
 from schema.catalog import Catalog
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from schema.storage import delta_table_path, read_current_generation
 
@@ -56,7 +56,7 @@ def prepare(spark: SparkSession, settings: Settings, catalog: Catalog
         log.warning(warning)
     ensure_view_topics(settings, catalog)
     prepared: dict[str, int] = {}
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     try:
         for name, schema in schemas.items():
             generation = reconcile_generation(settings, client, name)

@@ -2,7 +2,8 @@
 whose source has no events so far starts (and waits) instead of failing.
 
 Change-feed topics get exactly one partition (a view's changes in one order, so a
-subscriber's position is one offset) and the configured retention."""
+subscriber's position is one offset) and the configured retention. Every topic gets the
+configured replication and min.insync.replicas (else the brokers' defaults)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from schema.storage import CHANGEFEED_PREFIX, changefeed_topic, deadletter_topic
 
 def ensure_topics(bootstrap: str, catalog: Catalog, timeout_s: float = 30,
                   changefeed_prefix: str = CHANGEFEED_PREFIX,
-                  changefeed_retention_ms: int | None = None) -> None:
+                  changefeed_retention_ms: int | None = None,
+                  replication_factor: int | None = None,
+                  min_insync_replicas: int | None = None) -> None:
     topics = [s.topic for s in catalog.sources.values()]
     topics += [deadletter_topic(s) for s in catalog.sources]
     feeds = {changefeed_topic(v, changefeed_prefix) for v in catalog.views}
@@ -26,10 +29,14 @@ def ensure_topics(bootstrap: str, catalog: Catalog, timeout_s: float = 30,
     if split:
         raise RuntimeError(f"change-feed topics {', '.join(split)} have more than one "
                            "partition; subscriptions need one: delete and recreate them")
-    feed_config = {} if changefeed_retention_ms is None else {
-        "retention.ms": str(changefeed_retention_ms)}
-    missing = [NewTopic(t) for t in dict.fromkeys(topics) if t not in existing]
-    missing += [NewTopic(t, num_partitions=1, config=feed_config)
+    replicas = -1 if replication_factor is None else replication_factor  # -1: the brokers'
+    config = {} if min_insync_replicas is None else {
+        "min.insync.replicas": str(min_insync_replicas)}
+    feed_config = config if changefeed_retention_ms is None else {
+        **config, "retention.ms": str(changefeed_retention_ms)}
+    missing = [NewTopic(t, replication_factor=replicas, config=config)
+               for t in dict.fromkeys(topics) if t not in existing]
+    missing += [NewTopic(t, num_partitions=1, replication_factor=replicas, config=feed_config)
                 for t in sorted(feeds) if t not in existing]
     if not missing:
         return
@@ -42,7 +49,10 @@ def ensure_topics(bootstrap: str, catalog: Catalog, timeout_s: float = 30,
 
 
 def ensure_view_topics(settings: Settings, catalog: Catalog) -> None:
-    """ensure_topics with the change feed's prefix and retention from the settings."""
+    """ensure_topics with the change feed's prefix and retention and the topics'
+    replication from the settings."""
     ensure_topics(settings.kafka_bootstrap, catalog,
                   changefeed_prefix=settings.changefeed_prefix,
-                  changefeed_retention_ms=settings.changefeed_retention_ms)
+                  changefeed_retention_ms=settings.changefeed_retention_ms,
+                  replication_factor=settings.kafka_replication_factor,
+                  min_insync_replicas=settings.kafka_min_insync_replicas)

@@ -53,6 +53,7 @@ from schema.catalog import Catalog
 from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
 from schema.logs import configure_logging
+from schema.redis_client import connect_async
 from schema.settings import Settings, get_settings
 
 # The cyclic garbage collector's thresholds (CPython's are 700, 10, 10). Ten thousand
@@ -125,7 +126,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
     configure_logging(settings)
     catalog = catalog or load_catalog(settings.catalog)
     check_against_delta(catalog, settings.delta_location)
-    redis_client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2)
+    redis_client = connect_async(settings.redis_url, socket_timeout=2)
     reads = Reads(catalog, settings)
     fanout = Fanout(catalog, settings, reads)
     SUBSCRIPTIONS.set_function(lambda: fanout.report()["subscribers"])

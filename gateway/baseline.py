@@ -13,12 +13,12 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import orjson
-import redis.asyncio as aioredis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from schema.redis_client import connect_async
 from schema.settings import Settings, get_settings
 from schema.storage import META_GENERATION, meta_key, row_key
 
@@ -27,7 +27,7 @@ VIEW = "Customer"
 
 def create_baseline_app(settings: Settings | None = None) -> Starlette:
     settings = settings or get_settings()
-    client = aioredis.Redis.from_url(settings.redis_url)
+    client = connect_async(settings.redis_url)
     state = {"generation": 0}
 
     async def answer(key: str) -> Response:

@@ -26,7 +26,23 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers (comma-separated host:port)."
     )
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis connection URL.")
+    kafka_replication_factor: int | None = Field(
+        None,
+        description="Replicas of each topic the engine creates (sources it finds missing, "
+        "dead-letter topics, change feeds). Default: the brokers' default.replication.factor. "
+        "The cluster profile sets 3.",
+    )
+    kafka_min_insync_replicas: int | None = Field(
+        None,
+        description="min.insync.replicas of the topics the engine creates: how many replicas "
+        "must hold a write before an acks=all producer (the engine's, the demo's) hears it "
+        "succeed. Default: the brokers' own. The cluster profile sets 2.",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis connection URL: redis:// or rediss:// for one server, "
+        "redis+cluster:// or rediss+cluster:// (any node) for a Redis Cluster.",
+    )
 
     # Durable state.
     data_dir: Path = Field(

@@ -210,47 +210,56 @@ def write_current_generation(delta_root: str, view: str, generation: int) -> Non
 REDIS_PREFIX = "vg:"
 
 
+def view_tag(view: str) -> str:
+    """The hash tag of every key of one view (its meta and every generation's rows, indexes,
+    states and outbox): a Redis Cluster keeps them in one slot, so the view's fenced apply
+    (APPLY_BATCH_LUA, which writes rows beside the meta) runs on one master, and different
+    views spread over the masters (schema.redis_client)."""
+    return "{" + view + "}"
+
+
 def row_key(view: str, generation: int, key: str) -> str:
-    return f"{REDIS_PREFIX}{view}:g{generation}:row:{key}"
+    return f"{REDIS_PREFIX}{view_tag(view)}:g{generation}:row:{key}"
 
 
 def meta_key(view: str) -> str:
-    return f"{REDIS_PREFIX}{view}:meta"
+    return f"{REDIS_PREFIX}{view_tag(view)}:meta"
 
 
 def index_key(view: str, generation: int, field_name: str) -> str:
-    return f"{REDIS_PREFIX}{view}:g{generation}:idx:{field_name}"
+    return f"{REDIS_PREFIX}{view_tag(view)}:g{generation}:idx:{field_name}"
 
 
 def state_key(view: str, generation: int) -> str:
     """A hash of the generation's aggregate states by row key (engine.aggregates), written
     with the rows it describes."""
-    return f"{REDIS_PREFIX}{view}:g{generation}:state"
+    return f"{REDIS_PREFIX}{view_tag(view)}:g{generation}:state"
 
 
 def states_complete_key(view: str, generation: int) -> str:
     """Set by a generation's first batch: every group has a state (a group without one has
     no rows). Dropped with the states when Redis lost batches."""
-    return f"{REDIS_PREFIX}{view}:g{generation}:state_complete"
+    return f"{REDIS_PREFIX}{view_tag(view)}:g{generation}:state_complete"
 
 
 def outbox_key(view: str, generation: int) -> str:
     """The change events of the generation's last applied batch (see APPLY_BATCH_LUA)."""
-    return f"{REDIS_PREFIX}{view}:g{generation}:outbox"
+    return f"{REDIS_PREFIX}{view_tag(view)}:g{generation}:outbox"
 
 
 def generation_pattern(view: str, generation: int) -> str:
-    """SCAN pattern for every key of one generation (to drop an old one)."""
-    return f"{REDIS_PREFIX}{view}:g{generation}:*"
+    """SCAN pattern for every key of one generation (to drop an old one); Redis's glob
+    takes the braces of the tag as plain characters."""
+    return f"{REDIS_PREFIX}{view_tag(view)}:g{generation}:*"
 
 
 def graph_key(generation: int) -> str:
     """The view graph's version (engine.graph), per generation of the graph's views: a
     hash whose `version` field is the last batch every graph view holds in Redis and
     whose `applying` field, while present, names the batch being applied. The graph
-    applies all its views of a batch between the two, in one round trip; a reader of
-    several graph views that finds the same `version` and no `applying` before and after
-    its reads has read one version of all of them (gateway.reads.consistency)."""
+    applies all its views of a batch between the two; a reader of several graph views
+    that finds the same `version` and no `applying` before and after its reads has read
+    one version of all of them (gateway.reads.consistency)."""
     return f"{REDIS_PREFIX}graph:g{generation}"
 
 

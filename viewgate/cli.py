@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -39,15 +40,21 @@ def setup() -> None:
 
 
 @app.command()
-def up() -> None:
-    """Run the whole local stack in the foreground; Ctrl-C or SIGTERM stops it all."""
+def up(
+    cluster: bool = typer.Option(
+        False, "--cluster",
+        help="The cluster profile: three Kafka brokers (topics replicated three times), a "
+             "Redis Cluster of three masters with a replica each, a Spark standalone master "
+             "with two workers, and two gateways."),
+) -> None:
+    """Run the whole stack in the foreground; Ctrl-C or SIGTERM stops it all."""
     from viewgate.stack.install import setup as run_setup
     from viewgate.stack.local import run_local_stack
 
     settings = get_settings()
     try:
         run_setup(settings, say=console.print)
-        raise typer.Exit(run_local_stack(settings, say=console.print))
+        raise typer.Exit(run_local_stack(settings, say=console.print, cluster=cluster))
     except StackError as error:
         _fail(error)
 
@@ -269,6 +276,31 @@ def persist(
     except (ManifestError, RedisError) as error:
         _fail(error)
     console.print(f"registered {len(documents)} persisted documents from {manifest}")
+
+
+@app.command("spark")
+def spark_daemon(
+    role: str = typer.Argument(..., help="master or worker"),
+    master: str = typer.Option("spark://spark-master:7077",
+                               help="The master a worker registers with."),
+    port: int = typer.Option(7077, help="The master's port."),
+    cores: int = typer.Option(None, help="Cores a worker offers (default: all)."),
+    memory: str = typer.Option(None, help="Memory a worker offers, e.g. 2g."),
+) -> None:
+    """Run a Spark standalone master or worker in the foreground, from the Spark that the
+    pyspark package ships (the engine's own Spark): the cluster profile's daemons."""
+    from viewgate.stack.spark_standalone import spark_home
+
+    main = {"master": "org.apache.spark.deploy.master.Master",
+            "worker": "org.apache.spark.deploy.worker.Worker"}.get(role)
+    if main is None:
+        _fail(ValueError(f"role must be master or worker, not {role!r}"))
+    args = ["--port", str(port)] if role == "master" else [master]
+    args += ["--cores", str(cores)] if cores and role == "worker" else []
+    args += ["--memory", memory] if memory and role == "worker" else []
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    os.environ.setdefault("SPARK_HOME", str(spark_home()))
+    os.execv(spark_class, [spark_class, main, *args])  # signals reach the JVM itself
 
 
 def _service_dir(settings: Settings, name: str, data_dir: Path | None) -> Path:

@@ -8,11 +8,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-import redis
 from rich.table import Table
 
 from gateway.ops.readiness import end_offsets
 from schema.catalog import Catalog
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from schema.storage import ViewMeta, meta_key
 
@@ -37,7 +37,7 @@ class ViewStatus:
 
 
 def collect(settings: Settings, catalog: Catalog) -> list[ViewStatus]:
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+    client = connect_redis(settings.redis_url, socket_timeout=5)
     try:
         pipe = client.pipeline(transaction=False)
         for name in catalog.views:

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from schema.catalog import FieldInfo, View
+from schema.redis_client import connect as connect_redis
+from schema.redis_client import is_cluster, queue_script
 from schema.storage import (
     APPLY_BATCH_LUA,
     META_LATE_EVENTS,
@@ -58,7 +58,7 @@ class RedisSink:
     def __init__(self, redis_url: str, view: View, fields: Mapping[str, FieldInfo]) -> None:
         self.view = view
         self.fields = fields
-        self.client = redis.Redis.from_url(redis_url)
+        self.client = connect_redis(redis_url)
         self.apply_script = self.client.register_script(APPLY_BATCH_LUA)
 
     def _index_entries(self, row: Mapping[str, Any] | None, key: str, gen: int,
@@ -86,11 +86,19 @@ class RedisSink:
         (their index entries must go, and change events carry them as `before`), the fence
         and the complete mark. Only the engine writes a view, and the apply is fenced, so
         reading first is safe."""
-        pipe = self.client.pipeline(transaction=False)
-        if keys:
-            pipe.mget([row_key(self.view.name, generation, k) for k in keys])
-        pipe.hmget(meta_key(self.view.name), fence_field(generation), complete_field(generation))
-        *stored, (fence, complete) = pipe.execute()
+        rows_keys = [row_key(self.view.name, generation, k) for k in keys]
+        meta = (meta_key(self.view.name), fence_field(generation), complete_field(generation))
+        if is_cluster(self.client):
+            # A cluster pipeline refuses MGET; the keys share the view's slot, so one MGET
+            # of the client does (a round trip more).
+            stored = [self.client.mget(rows_keys)] if keys else []
+            fence, complete = self.client.hmget(*meta)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            if keys:
+                pipe.mget(rows_keys)
+            pipe.hmget(*meta)
+            *stored, (fence, complete) = pipe.execute()
         rows = zip(keys, stored[0], strict=True) if keys else ()
         return Before({k: decode_row(v) for k, v in rows if v},
                       None if fence is None else int(fence), complete is not None)
@@ -130,7 +138,7 @@ class RedisSink:
         args = apply_batch_args(batch_id, generation, meta, ops, outbox)
         keys = [meta_key(self.view.name), outbox_key(self.view.name, generation)]
         if client is not None:
-            self.apply_script(keys=keys, args=args, client=client)
+            queue_script(client, self.apply_script, keys, args)
             return None
         return int(self.apply_script(keys=keys, args=args))
 

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 from graphql import GraphQLError, GraphQLSyntaxError, parse
 from redis.exceptions import RedisError
 
+from schema.redis_client import connect, connect_async
 from schema.storage import REDIS_PREFIX
 
 log = logging.getLogger(__name__)
@@ -44,13 +44,14 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def client_key(digest: str) -> str:
-    """A document a client registered (expires)."""
-    return f"{REDIS_PREFIX}apq:{digest}"
+    """A document a client registered (expires). The digest is the key's hash tag, so both
+    keys of one digest share a Redis Cluster slot and one MGET reads them."""
+    return f"{REDIS_PREFIX}apq:{{{digest}}}"
 
 
 def operator_key(digest: str) -> str:
     """A document the operator registered (kept)."""
-    return f"{REDIS_PREFIX}pq:{digest}"
+    return f"{REDIS_PREFIX}pq:{{{digest}}}"
 
 
 def sha256_hex(document: str) -> str:
@@ -104,11 +105,12 @@ def load_manifest(path: Path) -> dict[str, str]:
 
 def store_documents(redis_url: str, documents: dict[str, str]) -> None:
     """Register the operator's documents (`viewgate persist`): kept until deleted."""
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
+    client = connect(redis_url)
     try:
-        client.mset({operator_key(digest): body for digest, body in documents.items()})
+        pipe = client.pipeline(transaction=False)  # one SET each: they span the slots
+        for digest, body in documents.items():
+            pipe.set(operator_key(digest), body)
+        pipe.execute()
     finally:
         client.close()
 
@@ -160,7 +162,7 @@ class PersistedQueries:
             load_manifest(settings.gateway_persisted_manifest)
             if settings.gateway_persisted_manifest else {})
         self.cache = LRU(settings.gateway_persisted_cache_size)
-        self.client = aioredis.Redis.from_url(
+        self.client = connect_async(
             settings.redis_url, socket_timeout=settings.gateway_redis_timeout_s,
             socket_connect_timeout=settings.gateway_redis_timeout_s)
 

@@ -16,10 +16,10 @@ import math
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
+from schema.redis_client import connect_async
 from schema.storage import REDIS_PREFIX
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class RateLimiter:
                  retry_ms: int) -> None:
         self.rate = rate_per_s
         self.burst = max(1, burst)
-        self.client = aioredis.Redis.from_url(
+        self.client = connect_async(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._take = self.client.register_script(TOKEN_BUCKET_LUA)
         self.retry_s = retry_ms / 1000

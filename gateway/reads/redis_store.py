@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.reads.indexes import PAGE_BY_SCORE_LUA, Range
+from schema.redis_client import connect_async, queue_script
 from schema.storage import (
     GRAPH_APPLYING,
     GRAPH_VERSION,
@@ -76,7 +76,7 @@ def _int(value: bytes | None) -> int | None:
 
 class RedisStore:
     def __init__(self, url: str, timeout_s: float, retry_ms: int, meta_cache_ms: int = 0) -> None:
-        self.client = aioredis.Redis.from_url(
+        self.client = connect_async(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self.retry_s = retry_ms / 1000
         self._down_until = 0.0
@@ -201,9 +201,8 @@ class RedisStore:
             key = index_key(view, gen, field)
             low, high = r.score()
             score, member = ("", "") if cursor is None else (repr(float(cursor[0])), cursor[1])
-            pipe.scripts.add(self._page_by_score)  # loaded by the pipeline if Redis lacks it
-            pipe.evalsha(self._page_by_score.sha, 1, key, low, high, "1" if reverse else "0",
-                         score, member, limit)
+            queue_script(pipe, self._page_by_score, [key],
+                         [low, high, "1" if reverse else "0", score, member, limit])
             for c in count:
                 pipe.zcount(key, *c.score())
 

@@ -35,10 +35,11 @@ class EngineProcess:
     """`viewgate engine` in a process group of its own, so that one SIGKILL takes the
     driver and its JVM together, and nothing outlives the test."""
 
-    def __init__(self, settings, log_dir: Path, prefix: str) -> None:
+    def __init__(self, settings, log_dir: Path, prefix: str, **env: str) -> None:
         self.settings = settings
         self.env = {
             **os.environ,
+            **env,
             "VIEWGATE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
             "VIEWGATE_REDIS_URL": settings.redis_url,
             "VIEWGATE_DATA_DIR": str(settings.data_dir),

@@ -17,6 +17,7 @@ from shop_views import (
     view_mismatches,
 )
 
+from schema.storage import meta_key
 from viewgate.stack.kafka import KafkaBroker
 from viewgate.stack.process import free_port, wait_until
 from viewgate.stack.redis_server import RedisServer
@@ -86,7 +87,7 @@ def test_engine_rides_out_a_kafka_restart_and_a_redis_outage(broker, own_redis, 
         # re-warms the rest from Delta), and Delta holds every order exactly once.
         wait_until(lambda: delta_stats_exact(settings, orders), timeout_s=300,
                    what="CustomerStats in Delta to count every placed order once")
-        assert client.hget("vg:CustomerStats:meta", "version") is not None
+        assert client.hget(meta_key("CustomerStats"), "version") is not None
         assert engine.process.poll() is None, f"the engine exited:\n{engine.log_tail()}"
     finally:
         engine.stop()

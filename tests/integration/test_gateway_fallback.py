@@ -11,7 +11,7 @@ from graphql_client import data, gql
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from schema.storage import complete_field, row_key
+from schema.storage import complete_field, meta_key, row_key
 from viewgate.stack.process import free_port, wait_until
 from viewgate.stack.redis_server import RedisServer
 
@@ -70,7 +70,7 @@ def test_empty_redis_answers_from_delta_then_is_rewarmed(client, gateway_shop, o
     seen = body["extensions"]["freshness"]["Order"]
     assert seen["source"] == "delta" and seen["version"] == gateway_shop.order_versions[-1]
     # The list found the indexes incomplete and started a full re-warm; then Redis serves.
-    wait_until(lambda: direct.hexists("vg:Order:meta", complete_field(0)), timeout_s=30,
+    wait_until(lambda: direct.hexists(meta_key("Order"), complete_field(0)), timeout_s=30,
                what="a full re-warm")
     body = gql(client, LIST)
     _check_list(body, gateway_shop)

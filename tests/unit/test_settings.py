@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from schema.settings import Settings
@@ -25,7 +28,7 @@ def test_compose_sets_only_variables_the_settings_know():
         env = service.get("environment", {})
         names = env.keys() if isinstance(env, dict) else [e.split("=", 1)[0] for e in env]
         for var in names:
-            ours = name in {"engine", "gateway"} or var.startswith("VIEWGATE_")
+            ours = name.startswith(("engine", "gateway")) or var.startswith("VIEWGATE_")
             if ours and var not in KNOWN:
                 unknown.append(f"{name}: {var}")
     assert unknown == [], f"compose.yaml sets variables Settings does not read: {unknown}"
@@ -39,6 +42,37 @@ def test_compose_values_parse_as_settings(monkeypatch):
         assert settings.kafka_bootstrap == "kafka:9092"
         assert settings.redis_url == "redis://redis:6379/0"
     assert Settings().spark_conf == {"spark.driver.memory": "2g"}
+
+
+def test_the_cluster_profile_services_parse_as_cluster_settings(monkeypatch):
+    services = _compose()["services"]
+    for name in ("engine-cluster", "gateway-1", "gateway-2"):
+        for var in [v for v in Settings.model_fields]:
+            monkeypatch.delenv(f"VIEWGATE_{var.upper()}", raising=False)
+        for var, value in services[name]["environment"].items():
+            monkeypatch.setenv(var, str(value))
+        settings = Settings()
+        assert settings.kafka_bootstrap.count(",") == 2
+        assert settings.redis_url.startswith("redis+cluster://")
+        assert (settings.kafka_replication_factor, settings.kafka_min_insync_replicas) == (3, 2)
+    assert services["engine-cluster"]["environment"]["VIEWGATE_SPARK_MASTER"].startswith(
+        "spark://")
+
+
+@pytest.mark.parametrize("profile", [[], ["--profile", "cluster"]], ids=["default", "cluster"])
+def test_compose_file_is_valid_for_a_real_compose_implementation(profile):
+    """Debian's docker-compose (`viewgate setup` installs it) validates the file against the
+    Compose Specification without a Docker engine."""
+    compose = shutil.which("docker-compose")
+    assert compose, "docker-compose is missing: run `viewgate setup`"
+    done = subprocess.run([compose, "-f", str(ROOT / "compose.yaml"), *profile, "config",
+                           "--services"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    services = set(done.stdout.split())
+    assert {"kafka", "redis", "engine", "gateway"} <= services
+    cluster = {"kafka-1", "kafka-2", "kafka-3", "redis-cluster-init", "spark-master",
+               "spark-worker-1", "spark-worker-2", "engine-cluster", "gateway-1", "gateway-2"}
+    assert cluster <= services  # Compose 1.29 lists every service, in a profile or not
 
 
 def test_every_setting_is_documented_in_the_readme():

@@ -39,6 +39,8 @@ from schema.storage import (
     read_current_generation,
     row_key,
     split_index_member,
+    state_key,
+    states_complete_key,
     write_current_generation,
 )
 
@@ -106,13 +108,25 @@ def test_delta_paths_and_current_generation(tmp_path: Path) -> None:
 
 
 def test_redis_names() -> None:
-    assert row_key("Order", 1, "O1") == "vg:Order:g1:row:O1"
-    assert meta_key("Order") == "vg:Order:meta"
-    assert index_key("Order", 1, "status") == "vg:Order:g1:idx:status"
+    assert row_key("Order", 1, "O1") == "vg:{Order}:g1:row:O1"
+    assert meta_key("Order") == "vg:{Order}:meta"
+    assert index_key("Order", 1, "status") == "vg:{Order}:g1:idx:status"
     assert changefeed_topic("Order") == "viewgate.changes.Order"
     assert changefeed_topic("Order", "t1.") == "t1.Order"
-    assert outbox_key("Order", 1) == "vg:Order:g1:outbox"
+    assert outbox_key("Order", 1) == "vg:{Order}:g1:outbox"
     assert deadletter_topic("orders") == "viewgate.deadletter.orders"
+
+
+def test_every_key_of_a_view_is_in_the_slot_of_its_meta() -> None:
+    """A Redis Cluster runs a view's fenced apply only if the rows, indexes, states and
+    outbox it writes hash to the slot of the meta it is called with."""
+    from redis.crc import key_slot
+
+    slot = key_slot(meta_key("Order").encode())
+    keys = [row_key("Order", 3, "O1"), row_key("Order", 3, "{odd}key"), index_key("Order", 3, "s"),
+            state_key("Order", 3), states_complete_key("Order", 3), outbox_key("Order", 3)]
+    assert {key_slot(k.encode()) for k in keys} == {slot}
+    assert key_slot(meta_key("Customer").encode()) != slot  # views spread over the slots
 
 
 def test_index_entry_numbers_timestamps_strings() -> None:

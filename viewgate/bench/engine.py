@@ -33,6 +33,7 @@ from typing import Any
 
 from schema import demo
 from schema.catalog import Catalog
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.report import Figure, Plot
@@ -252,12 +253,11 @@ def _start_noop(spark: Any, settings: Settings, catalog: Catalog) -> Any:
 def _verify(settings: Settings, generation: int, placed: int, last_batch: int) -> None:
     """CustomerStats must count every current order that is not cancelled (`placed`)
     exactly once, in Redis and in Delta."""
-    import redis
     from deltalake import DeltaTable
 
     from schema.storage import ViewMeta, decode_row, delta_table_path, meta_key, row_key
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     try:
         keys = list(client.scan_iter(match=row_key(VIEW, generation, "*"), count=1000))
         rows = [decode_row(v) for v in client.mget(keys)] if keys else []
@@ -430,14 +430,13 @@ def wait_caught_up(
 ) -> list[str]:
     """Wait until each view's recorded offsets cover every delivered event of its topic;
     returns the views that did not catch up in time."""
-    import redis
 
     from schema.storage import META_OFFSETS, meta_key
 
     last: dict[tuple[str, int], int] = {}
     for topic, partition, offset, _, _ in deliveries:
         last[(topic, partition)] = max(offset, last.get((topic, partition), -1))
-    client = redis.Redis.from_url(redis_url)
+    client = connect_redis(redis_url)
     deadline = time.monotonic() + timeout_s
     try:
         while True:

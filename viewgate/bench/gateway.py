@@ -29,6 +29,7 @@ from typing import Any
 
 from schema import demo
 from schema.catalog import Catalog
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench.engine import catalog_on_topics
 from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult, Say, Sizes
@@ -185,11 +186,10 @@ def load_shop(ctx: BenchContext, settings: Settings) -> dict[str, int]:
 
 
 def _rows_per_view(settings: Settings, catalog: Catalog) -> dict[str, int]:
-    import redis
 
     from schema.storage import META_GENERATION, meta_key, row_key
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     try:
         out = {}
         for name in catalog.views:
@@ -203,11 +203,10 @@ def _rows_per_view(settings: Settings, catalog: Catalog) -> dict[str, int]:
 
 def customer_rows(settings: Settings) -> dict[str, dict[str, Any]]:
     """Every Customer row in Redis, by key, as the engine stored it."""
-    import redis
 
     from schema.storage import META_GENERATION, decode_row, meta_key, row_key
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     try:
         generation = int(client.hget(meta_key("Customer"), META_GENERATION) or 0)
         prefix = row_key("Customer", generation, "")
@@ -220,9 +219,8 @@ def customer_rows(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def redis_pid(settings: Settings) -> int:
-    import redis
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     try:
         return int(client.info("server")["process_id"])
     finally:

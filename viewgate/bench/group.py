@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench.report import Figure, Plot
 
@@ -88,13 +89,12 @@ class BenchContext:
     def isolated(self, name: str, **updates: Any) -> Settings:
         """Settings with a data folder and an emptied Redis database of their own, so two
         measurements of the same view never see each other's rows or checkpoints."""
-        import redis
 
         db, self.next_redis_db = self.next_redis_db, self.next_redis_db + 1
         if db > 15:
             raise BenchError("more isolated measurements than Redis has databases (15)")
         url = f"{self.settings.redis_url.rsplit('/', 1)[0]}/{db}"
-        client = redis.Redis.from_url(url)
+        client = connect_redis(url)
         try:
             client.flushdb()
         finally:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench.group import BenchContext, BenchError
 from viewgate.bench.workers import Worker, produce_paced
@@ -30,11 +31,10 @@ _TIMEOUT_S = 180.0
 
 
 def _version(redis_url: str) -> int:
-    import redis
 
     from schema.storage import ViewMeta, meta_key
 
-    client = redis.Redis.from_url(redis_url)
+    client = connect_redis(redis_url)
     try:
         return ViewMeta.from_fields(client.hgetall(meta_key(VIEW))).version
     finally:

@@ -8,18 +8,18 @@ import time
 from typing import Any
 
 from schema.catalog import Catalog
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench.group import BenchError
 
 
 def measure_rewarm(settings: Settings, catalog: Catalog, view_name: str) -> dict[str, Any]:
     """Empty the Redis database, then re-warm `view_name` from Delta and time it."""
-    import redis
 
     from gateway.reads.reads import Reads
     from schema.storage import meta_key, row_key
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     try:
         client.flushdb()
         view = catalog.views[view_name]

@@ -46,9 +46,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from schema import demo
+from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench import engine_storage
 from viewgate.bench.stats import percentile
@@ -292,7 +291,7 @@ def sample_engine_storage(settings: Settings, catalog: Any, interval_s: float,
                           started_at: float, stop: Any) -> list[tuple[float, dict[str, float]]]:
     """What the engine keeps (engine_storage.sample), every `interval_s` until `stop` is
     set, stamped in seconds since `started_at` (wall clock, shared with the soak)."""
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     held: list[tuple[float, dict[str, float]]] = []
     try:
         while True:

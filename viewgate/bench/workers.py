@@ -14,6 +14,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from schema.redis_client import connect as connect_redis
+
 _SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -169,11 +171,9 @@ def watch_meta(
     the Kafka end offsets of each batch ("offsets": {batch: {topic: {partition: end}}})."""
     import json
 
-    import redis
-
     from schema.storage import meta_key
 
-    client = redis.Redis.from_url(redis_url)
+    client = connect_redis(redis_url)
     out: dict[str, dict[str, Any]] = {v: {"seen": [], "offsets": {}} for v in views}
     last: dict[str, Any] = {v: None for v in views}
     while not stop.is_set():

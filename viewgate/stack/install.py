@@ -73,6 +73,12 @@ def setup(settings: Settings, say=print) -> None:
     say("java: ok")
     ensure_redis_server()
     say(f"redis-server: {shutil.which('redis-server')}")
+    # Debian's Compose: the tests check compose.yaml with its `config` (no Docker engine
+    # needed). Nothing else needs it, so a machine without it still runs the stack.
+    try:
+        say(f"docker-compose: {apt_install('docker-compose', 'docker-compose')}")
+    except StackError as error:
+        say(f"docker-compose: not installed ({error}); compose.yaml's test will fail")
     for bundle in jars.BUNDLES:
         if bundle == "spark" and settings.spark_jars:
             say("spark jars: VIEWGATE_SPARK_JARS is set, nothing to resolve")

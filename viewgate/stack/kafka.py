@@ -1,4 +1,6 @@
-"""A single-node Apache Kafka broker in KRaft mode (broker and controller in one JVM).
+"""Apache Kafka in KRaft mode, broker and controller in one JVM per node: one node for
+development (KafkaBroker), or three that form one quorum (KafkaCluster, the cluster
+profile: topics replicated three times, two in sync to acknowledge a write).
 
 The broker runs from the jars `viewgate setup` resolved from Maven Central, with its
 storage formatted once in `data_dir` and its output in `data_dir/kafka.log`.
@@ -12,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +70,13 @@ class KafkaBroker:
     port: int
     jar_dir: Path
     heap: str = "512m"
+    # A node of a quorum (KafkaCluster): its id, its controller port, the quorum's voters
+    # ("1@host:port,2@…"), its cluster id and the replication of Kafka's internal topics.
+    node_id: int = 1
+    controller_port: int | None = None
+    voters: str | None = None
+    cluster_id: str | None = None
+    replication: int = 1
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.resolve()
@@ -96,12 +106,14 @@ class KafkaBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
         config = self.data_dir / "server.properties"
+        in_sync = max(1, self.replication - 1)
         config.write_text(
             "\n".join(
                 [
                     "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+                    f"node.id={self.node_id}",
+                    "controller.quorum.voters="
+                    + (self.voters or f"{self.node_id}@127.0.0.1:{controller_port}"),
                     f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
                     f"CONTROLLER://127.0.0.1:{controller_port}",
                     f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
@@ -111,11 +123,13 @@ class KafkaBroker:
                     f"log.dirs={self.data_dir / 'logs'}",
                     "num.partitions=2",
                     "auto.create.topics.enable=true",
-                    "offsets.topic.replication.factor=1",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "share.coordinator.state.topic.replication.factor=1",
-                    "share.coordinator.state.topic.min.isr=1",
+                    f"default.replication.factor={self.replication}",
+                    f"min.insync.replicas={in_sync}",
+                    f"offsets.topic.replication.factor={self.replication}",
+                    f"transaction.state.log.replication.factor={self.replication}",
+                    f"transaction.state.log.min.isr={in_sync}",
+                    f"share.coordinator.state.topic.replication.factor={self.replication}",
+                    f"share.coordinator.state.topic.min.isr={in_sync}",
                     "group.initial.rebalance.delay.ms=0",
                     "",
                 ]
@@ -144,7 +158,7 @@ class KafkaBroker:
                 "kafka.tools.StorageTool",
                 "format",
                 "-t",
-                _cluster_id(),
+                self.cluster_id or _cluster_id(),
                 "-c",
                 str(config),
                 heap="256m",
@@ -160,16 +174,27 @@ class KafkaBroker:
             )
 
     def start(self, timeout_s: float = 90.0, die_with_parent: bool = True) -> KafkaBroker:
+        self.launch(die_with_parent)
+        self.wait_ready(timeout_s)
+        return self
+
+    def launch(self, die_with_parent: bool = True) -> None:
+        """Start the JVM without waiting: a quorum's nodes must all be starting before any
+        of them can elect a controller."""
         require_free_port(self.port, "Kafka", "VIEWGATE_LOCAL_KAFKA_PORT")
-        config = self._write_config(controller_port=free_port())
+        self.controller_port = self.controller_port or free_port()
+        config = self._write_config(controller_port=self.controller_port)
         self._format_storage(config)
         self.process = ManagedProcess(
-            "kafka",
+            f"kafka-{self.node_id}",
             self._java("kafka.Kafka", str(config)),
             self.log_path,
             die_with_parent=die_with_parent,
         ).start()
         self.pid_path.write_text(str(self.process.pid))
+
+    def wait_ready(self, timeout_s: float) -> None:
+        assert self.process is not None
         try:
             wait_until(
                 self.healthy,
@@ -182,7 +207,6 @@ class KafkaBroker:
         except StackError:
             self.stop()
             raise
-        return self
 
     def healthy(self) -> bool:
         return broker_healthy(self.bootstrap)
@@ -195,6 +219,58 @@ class KafkaBroker:
 
     def log_tail(self) -> str:
         return tail(self.log_path)
+
+
+@dataclass
+class KafkaCluster:
+    """Three (or `size`) KRaft nodes in one quorum, each a broker and a controller, so the
+    loss of any one of them keeps both the controller quorum and `min.insync.replicas`."""
+
+    data_dir: Path
+    jar_dir: Path
+    size: int = 3
+    heap: str = "384m"
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.data_dir.resolve()
+        cluster_id = _cluster_id()
+        ports = [(free_port(), free_port()) for _ in range(self.size)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports))
+        self.nodes = [KafkaBroker(self.data_dir / f"node{i + 1}", port, self.jar_dir,
+                                  heap=self.heap, node_id=i + 1, controller_port=controller,
+                                  voters=voters, cluster_id=cluster_id, replication=self.size)
+                      for i, (port, controller) in enumerate(ports)]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self, timeout_s: float = 120.0) -> KafkaCluster:
+        try:
+            for node in self.nodes:
+                node.launch()
+            for node in self.nodes:
+                node.wait_ready(timeout_s)
+            wait_until(lambda: broker_count(self.bootstrap) == self.size, timeout_s=timeout_s,
+                       what=f"{self.size} Kafka brokers in one cluster", interval_s=0.5)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        # At once: a node stopping alone waits to hand its partitions over to the others.
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(KafkaBroker.stop, self.nodes))
+
+
+def broker_count(bootstrap: str, timeout_s: float = 2.0) -> int:
+    """How many brokers the cluster's metadata lists (0 when none answers)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000}, logger=_quiet)
+    try:
+        return len(admin.list_topics(timeout=timeout_s).brokers)
+    except Exception:  # noqa: BLE001 - any failure means none answers yet
+        return 0
 
 
 _quiet = logging.getLogger("viewgate.kafka.probe")

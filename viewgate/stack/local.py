@@ -1,4 +1,7 @@
-"""The local development stack that `viewgate up` runs in the foreground.
+"""The stack that `viewgate up` runs in the foreground: the local development stack (one
+broker, one Redis, Spark in the engine's process), or with `--cluster` the cluster profile
+(three Kafka brokers, a Redis Cluster of three masters with a replica each, a Spark
+standalone master with two workers, and two gateways).
 
 Every process is a child we started and track by pid; on Ctrl-C, SIGTERM or the
 death of any one of them, all are stopped in reverse order of start.
@@ -6,18 +9,64 @@ death of any one of them, all are stopped in reverse order of start.
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from schema.settings import Settings
 from viewgate.stack.errors import StackError
-from viewgate.stack.kafka import KafkaBroker
-from viewgate.stack.process import ManagedProcess, require_free_port, wait_until
+from viewgate.stack.kafka import KafkaBroker, KafkaCluster
+from viewgate.stack.process import ManagedProcess, free_port, require_free_port, wait_until
+from viewgate.stack.redis_cluster import RedisClusterServers
 from viewgate.stack.redis_server import RedisServer
+
+
+@dataclass
+class Service:
+    """One of the stack's services: what it is called, how it starts and stops, and what
+    it tells the user once it runs."""
+
+    name: str
+    server: Any  # has start() and stop()
+    address: Callable[[], str]
+
+
+def local_services(settings: Settings, data: Path) -> tuple[list[Service], dict[str, str]]:
+    kafka = KafkaBroker(data / "kafka", settings.local_kafka_port, settings.jar_dir / "kafka")
+    redis = RedisServer(data / "redis", settings.local_redis_port)
+    services = [Service("kafka", kafka, lambda: f"{kafka.bootstrap} (log {kafka.log_path})"),
+                Service("redis", redis, lambda: f"{redis.url} (log {redis.log_path})")]
+    return services, {"VIEWGATE_KAFKA_BOOTSTRAP": kafka.bootstrap,
+                      "VIEWGATE_REDIS_URL": redis.url}
+
+
+def cluster_services(settings: Settings, data: Path) -> tuple[list[Service], dict[str, str]]:
+    from viewgate.stack.spark_standalone import SparkStandalone
+
+    kafka = KafkaCluster(data / "kafka-cluster", settings.jar_dir / "kafka")
+    redis = RedisClusterServers(data / "redis-cluster")
+    spark = SparkStandalone(data / "spark")
+    services = [
+        Service("kafka", kafka, lambda: f"{kafka.bootstrap} (3 brokers, logs in {kafka.data_dir})"),
+        Service("redis", redis, lambda: f"{redis.url} (3 masters + 3 replicas)"),
+        Service("spark", spark, lambda: f"{spark.master_url} (2 workers, "
+                                        f"http://127.0.0.1:{spark.ui_port})"),
+    ]
+    return services, {
+        "VIEWGATE_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "VIEWGATE_KAFKA_REPLICATION_FACTOR": "3",
+        "VIEWGATE_KAFKA_MIN_INSYNC_REPLICAS": "2",
+        "VIEWGATE_REDIS_URL": redis.url,
+        "VIEWGATE_SPARK_MASTER": spark.master_url,
+        "VIEWGATE_SPARK_CONF": json.dumps({
+            **settings.spark_conf, "spark.executor.memory": "768m", "spark.cores.max": "2"}),
+    }
 
 
 class _Stop(Exception):
@@ -28,28 +77,27 @@ def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
-def run_local_stack(settings: Settings, say: Callable[[str], None] = print) -> int:
+def run_local_stack(settings: Settings, say: Callable[[str], None] = print,
+                    cluster: bool = False) -> int:
     data = settings.data_dir.resolve()
-    kafka = KafkaBroker(data / "kafka", settings.local_kafka_port, settings.jar_dir / "kafka")
-    redis = RedisServer(data / "redis", settings.local_redis_port)
     require_free_port(settings.gateway_port, "Gateway", "VIEWGATE_GATEWAY_PORT")
-    env = {
-        "VIEWGATE_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "VIEWGATE_REDIS_URL": redis.url,
+    build = cluster_services if cluster else local_services
+    services, env = build(settings, data)
+    env |= {
         "VIEWGATE_DATA_DIR": str(data),
         # The demo is open: requests without a token get the admin role unless set otherwise.
         "VIEWGATE_AUTH_ANONYMOUS_ROLE": settings.auth_anonymous_role or settings.auth_admin_role,
     }
+    # The cluster profile runs two gateways: nothing but Redis and Kafka is shared.
+    gateway_ports = [settings.gateway_port] + ([free_port()] if cluster else [])
     stoppers: list[Callable[[], None]] = []
     children: list[ManagedProcess] = []
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        kafka.start(timeout_s=settings.startup_timeout_s)
-        stoppers.append(kafka.stop)
-        say(f"kafka  : {kafka.bootstrap} (log {kafka.log_path})")
-        redis.start(timeout_s=settings.startup_timeout_s)
-        stoppers.append(redis.stop)
-        say(f"redis  : {redis.url} (log {redis.log_path})")
+        for service in services:
+            stoppers.append(service.server.stop)
+            service.server.start(timeout_s=settings.startup_timeout_s)
+            say(f"{service.name:7}: {service.address()}")
 
         for name, args in (
             ("engine", ["engine"]),
@@ -65,23 +113,26 @@ def run_local_stack(settings: Settings, say: Callable[[str], None] = print) -> i
             stoppers.append(child.stop)
             say(f"{name:7}: pid {child.pid} (log {child.log_path})")
 
-        gateway = ManagedProcess(
-            "gateway",
-            [sys.executable, "-m", "viewgate", "gateway"],
-            settings.log_dir / "gateway.log",
-            env=env,
-        ).start()
-        children.append(gateway)
-        stoppers.append(gateway.stop)
-        url = f"http://{settings.gateway_host}:{settings.gateway_port}"
-        wait_until(
-            lambda: _http_ok(f"{url}/healthz"),
-            timeout_s=settings.startup_timeout_s,
-            what="gateway",
-            alive=gateway.alive,
-            log=gateway.log_path,
-        )
-        say(f"graphql: {url}/graphql  (Ctrl-C stops everything)")
+        for i, port in enumerate(gateway_ports):
+            name = "gateway" if i == 0 else f"gateway{i + 1}"
+            gateway = ManagedProcess(
+                name,
+                [sys.executable, "-m", "viewgate", "gateway"],
+                settings.log_dir / f"{name}.log",
+                env={**env, "VIEWGATE_GATEWAY_PORT": str(port)},
+            ).start()
+            children.append(gateway)
+            stoppers.append(gateway.stop)
+            url = f"http://{settings.gateway_host}:{port}"
+            wait_until(
+                lambda url=url: _http_ok(f"{url}/healthz"),
+                timeout_s=settings.startup_timeout_s,
+                what=name,
+                alive=gateway.alive,
+                log=gateway.log_path,
+            )
+            say(f"graphql: {url}/graphql")
+        say("Ctrl-C stops everything")
         while True:
             for child in children:
                 if not child.alive():

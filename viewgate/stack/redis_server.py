@@ -27,6 +27,7 @@ def redis_server_executable() -> str:
 class RedisServer:
     data_dir: Path
     port: int
+    cluster_bus_port: int | None = None  # set: a node of a Redis Cluster (redis_cluster.py)
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.resolve()
@@ -67,6 +68,11 @@ class RedisServer:
             "--databases",
             "32",
         ]
+        if self.cluster_bus_port is not None:
+            args += ["--cluster-enabled", "yes", "--cluster-port", str(self.cluster_bus_port),
+                     "--cluster-config-file", str(self.data_dir / "nodes.conf"),
+                     # Failover within seconds when a master dies (the default is 15 s).
+                     "--cluster-node-timeout", "2000"]
         self.process = ManagedProcess(
             "redis", args, self.log_path, die_with_parent=die_with_parent
         ).start()

@@ -1,0 +1,62 @@
+"""Redis clients for one server or a Redis Cluster, chosen by the URL.
+
+`redis://host:port/0` (or `rediss://`) is one server; `redis+cluster://host:port` (or
+`rediss+cluster://`) is a Redis Cluster reached through any of its nodes, which redis-py's
+cluster client asks for the rest. Everything viewgate keeps of one view carries the view's
+hash tag (schema.storage), so a view's fenced apply runs on the one master that holds its
+slot and the views spread over the cluster's masters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
+from redis.cluster import ClusterPipeline, RedisCluster
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def cluster_url(url: str) -> str | None:
+    """The plain URL of a cluster URL's seed node; None if `url` names one server."""
+    scheme, sep, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower())
+    return f"{plain}{sep}{rest}" if sep and plain else None
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, (RedisCluster, aioredis.RedisCluster))
+
+
+def connect(url: str, **options: Any) -> redis.Redis | RedisCluster:
+    """A blocking client (the engine's, the command line's)."""
+    seed = cluster_url(url)
+    if seed is None:
+        return redis.Redis.from_url(url, **options)
+    return RedisCluster.from_url(seed, **options)
+
+
+def connect_async(url: str, **options: Any) -> aioredis.Redis | aioredis.RedisCluster:
+    """An asyncio client (the gateway's)."""
+    seed = cluster_url(url)
+    if seed is None:
+        return aioredis.Redis.from_url(url, **options)
+    return aioredis.RedisCluster.from_url(seed, **options)
+
+
+def is_cluster_pipeline(pipe: Any) -> bool:
+    return isinstance(pipe, (ClusterPipeline, AsyncClusterPipeline))
+
+
+def queue_script(pipe: Any, script: Any, keys: list[Any], args: list[Any]) -> None:
+    """Queue a registered script on a pipeline of either client. A cluster pipeline refuses
+    EVALSHA (it could not load the script into a master that lacks it, say a replica just
+    promoted) and has no `eval` method of its own, so it is sent EVAL with the script's
+    text, which it routes by the first key; a plain pipeline loads the script if needed."""
+    if is_cluster_pipeline(pipe):
+        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+    else:
+        pipe.scripts.add(script)
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
