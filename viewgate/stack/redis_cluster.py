@@ -24,18 +24,20 @@ class RedisClusterServers:
     replicas_per_master: int = 1
     nodes: list[RedisServer] = field(default_factory=list, init=False)
 
+    def __post_init__(self) -> None:
+        # Ports are chosen now, so the URL is known before the nodes start.
+        self.nodes = [RedisServer(self.data_dir / f"node{i}", free_port(),
+                                  cluster_bus_port=free_port())
+                      for i in range(self.masters * (1 + self.replicas_per_master))]
+
     @property
     def url(self) -> str:
         """Any node will do: the cluster client asks it for the others."""
         return f"redis+cluster://{HOST}:{self.nodes[0].port}"
 
     def start(self, timeout_s: float = 60.0) -> RedisClusterServers:
-        count = self.masters * (1 + self.replicas_per_master)
         try:
-            for i in range(count):
-                node = RedisServer(self.data_dir / f"node{i}", free_port(),
-                                   cluster_bus_port=free_port())
-                self.nodes.append(node)
+            for node in self.nodes:
                 node.start(timeout_s=timeout_s)
             self._create(timeout_s)
         except BaseException:
