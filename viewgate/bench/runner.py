@@ -99,10 +99,10 @@ def run_in_child(name: str, settings: Settings, sizes: Sizes, workdir: Path) -> 
 
 
 def all_groups() -> dict[str, Group]:
-    from viewgate.bench import browsers, engine, gateway, storage, subscriptions
+    from viewgate.bench import browsers, cluster, engine, gateway, storage, subscriptions
 
     return {g.name: g for g in (engine.GROUP, gateway.GROUP, subscriptions.GROUP,
-                                storage.GROUP, browsers.GROUP)}
+                                storage.GROUP, browsers.GROUP, cluster.GROUP)}
 
 
 def select_groups(only: Sequence[str] | None) -> list[Group]:
