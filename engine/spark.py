@@ -108,6 +108,9 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine",
                 "-XX:ReservedCodeCacheSize=240m " + (
                     java_options(settings) if extra_java_options is None
                     else extra_java_options))
+        # Executors on a cluster run the same small generated queries: the same JIT setting.
+        .config("spark.executor.extraJavaOptions",
+                "-Dlog4j2.level=WARN -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
         # Checkpoints keep this many batches (offsets, commits, state versions), no more.
         # Python workers run this interpreter (the project's virtualenv), not whatever
         # `python3` comes first on PATH (PySpark reads PYSPARK_PYTHON, set below).
