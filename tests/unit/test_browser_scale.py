@@ -601,3 +601,15 @@ def test_the_churn_offers_more_than_its_goal() -> None:
 
     churn = next(f for f in browsers.FIGURES if f.key == "ws_churn_per_s")
     assert browsers.CHURN_RATE > browsers.CHURN_GOAL == churn.at_least
+
+
+def test_the_first_copy_is_split_at_the_gateways_note_of_its_fanout() -> None:
+    from viewgate.bench.browsers import _gateway_split
+
+    noted = {"received_ms": 10_100.0, "dispatch_started_ms": 10_150.0, "dispatch_ms": 300.0,
+             "delivered": 20_000}
+    split = _gateway_split(noted, 10_000.0, 10_500.0)
+    assert split == {"feed_to_reader": 0.1, "reader_to_dispatch": 0.05, "dispatch": 0.3,
+                     "dispatch_to_first_copy": 0.05, "messages": 20_000}
+    assert _gateway_split(None, 10_000.0, 10_500.0) is None
+    assert _gateway_split(noted, None, 10_500.0) is None

@@ -281,6 +281,7 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             produced = _rename(settings, catalog, rows[hot], markers[0])
             _wait([r[0] for r in reached], 120, "the change to every tab")
             in_feed = _in_feed_ms(settings, "Customer", markers[0], produced)
+            noted = gateway.stats().get("lastFanout") if workers == 1 else None
             traffic.stop()
             # The engine's last batches of the demo traffic reach the gateway seconds after
             # it stops: their fan-out is not keep-alive. Wait for the feed to be quiet.
@@ -371,6 +372,7 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
         if in_feed is not None else None,
         "ws_fanout_feed_to_first_copy_s": round((min(copies) - in_feed) / 1000, 3)
         if in_feed is not None else None,
+        "ws_fanout_gateway_split_s": _gateway_split(noted, in_feed, min(copies)),
         "ws_fanout_changes_last_copy_s": round((max(changes) - produced) / 1000, 3),
         "ws_rss_kb_per_subscription": round((rss_open - rss_before) / opened, 2),
         "ws_rss_kb": {"before": rss_before, "open": rss_open, "churn_before": rss_churn0,
@@ -408,6 +410,24 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             "churn": [b - a for a, b in zip(before["gcCollections"], after["gcCollections"],
                                             strict=True)]}
     return out
+
+
+def _gateway_split(noted: dict[str, float] | None, in_feed_ms: float | None,
+                   first_ms: float) -> dict[str, float] | None:
+    """The gateway's share of the first copy, from its note of the fan-out's batch
+    (/subscriptions `lastFanout`): the change feed to its reader (Kafka's delivery),
+    the reader to the dispatch's start (the event loop's turn), the dispatch (every
+    subscriber's message framed), and its end to the first tab's copy (the writes, which
+    leave at the end of the loop's turn, and the tab's read)."""
+    if not noted or in_feed_ms is None:
+        return None
+    dispatched = noted["dispatch_started_ms"] + noted["dispatch_ms"]
+    return {"feed_to_reader": round((noted["received_ms"] - in_feed_ms) / 1000, 3),
+            "reader_to_dispatch": round((noted["dispatch_started_ms"]
+                                         - noted["received_ms"]) / 1000, 3),
+            "dispatch": round(noted["dispatch_ms"] / 1000, 3),
+            "dispatch_to_first_copy": round((first_ms - dispatched) / 1000, 3),
+            "messages": noted["delivered"]}
 
 
 def _served_per_s(churned: dict[str, Any]) -> float:
