@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ log = logging.getLogger("viewgate.gateway.fanout")
 
 SEEN_KEYS = 200_000  # (view, key) versions remembered to drop repeats
 GENERATION_CHECK_S = 1.0  # how soon a switch without new events is noticed
+FANOUT_NOTED = 1000  # a batch delivering this many messages is noted (FanoutStats.last_fanout)
 
 
 @dataclass
@@ -40,6 +42,10 @@ class FanoutStats:
     overflows: int = 0  # clients closed for reading too slowly
     evaluations: int = 0  # live list evaluations
     generation_switches: dict[str, int] = field(default_factory=dict)
+    # The last batch that put at least FANOUT_NOTED messages in subscriber buffers: when the
+    # feed reader had it, when its dispatch began (wall-clock ms), how long that took (ms),
+    # the messages. Where a change's time goes between the feed and the clients.
+    last_fanout: dict[str, float] | None = None
 
 
 class GenerationChanged:
@@ -133,8 +139,14 @@ class Fanout:
         runs without yielding, so a subscriber registers either before or after a batch."""
         for view in {e.view for e in batch if e.event.generation > self.serving.get(e.view, 0)}:
             await self._refresh(view)
+        started, delivered = time.time(), self.stats.delivered
         for item in batch:
             self._deliver(item)
+        if self.stats.delivered - delivered >= FANOUT_NOTED:
+            self.stats.last_fanout = {
+                "received_ms": self.feed.received_ms, "dispatch_started_ms": started * 1000,
+                "dispatch_ms": round((time.time() - started) * 1000, 1),
+                "delivered": self.stats.delivered - delivered}
 
     def _deliver(self, item: FeedEvent) -> None:
         event = item.event
@@ -172,4 +184,5 @@ class Fanout:
             "repeats": self.stats.repeats,
             "overflows": self.stats.overflows,
             "evaluations": self.stats.evaluations,
+            "lastFanout": self.stats.last_fanout,
         }

@@ -66,6 +66,9 @@ class FeedConsumer:
         self._thread: threading.Thread | None = None
         self._ready: asyncio.Event | None = None
         self._listed = False  # topics listed once: later ones are read from their start
+        # Wall-clock ms when the batch being dispatched came out of the consumer (set by
+        # the reader thread before it hands the batch over and waits for its dispatch).
+        self.received_ms = 0.0
 
     async def start(self, timeout_s: float = 30) -> None:
         """Start reading; returns once every existing feed topic is assigned at its end
@@ -125,6 +128,7 @@ class FeedConsumer:
                 messages = _next_messages(consumer)
                 batch = [e for e in (self._event(m) for m in messages) if e is not None]
                 if batch and not self._stop.is_set():
+                    self.received_ms = time.time() * 1000
                     asyncio.run_coroutine_threadsafe(self._deliver(batch), loop).result()
         except Exception:  # the loop shutting down under us, or a bug: say so, stop
             if not self._stop.is_set():

@@ -14,8 +14,9 @@ small object: its subscriber hands each item straight to it (`push`), the source
 into a message, and the operation's `Plan` executes the selection set over the message and
 encodes the `next` payload, once per message for every subscription sharing the plan
 (same document, variables below the root field and scope: gateway.subscriptions.shared_results).
-The frames go to the connection's outbox, written by a task that exists only while
-frames wait.
+A frame is written at once when nothing waits before it and the connection is writable
+(the server's `send_now`, viewgate.websocket_protocol); otherwise it goes to the
+connection's outbox, written by a task that exists only while frames wait.
 
 Operations other than subscriptions (a query sent over the websocket) run as Strawberry
 runs them.
@@ -49,6 +50,11 @@ from gateway.subscriptions.sources import LiveSource
 # What a plan's context leaves out of the first subscription's (SubscriptionContext): what
 # belongs to its connection.
 CONNECTION_FIELDS = ("websocket", "connection_params", "message_context")
+
+# The ASGI scope extension a server may offer a websocket: `send_now(text) -> bool` writes
+# a text frame at once when the connection is writable, else answers False (take `send`).
+# uvicorn as the gateway runs it offers it (viewgate.websocket_protocol).
+SEND_NOW = "viewgate.websocket.send_now"
 
 NOT_A_SUBSCRIPTION = object()  # open_subscription's answer for queries and mutations
 
@@ -321,6 +327,7 @@ class LiveOperations:
 
     _outbox: deque[Any] | None = None
     _writer: asyncio.Task | None = None
+    _send_now: Callable[[str], bool] | bool | None = None  # SEND_NOW; False: not offered
     _too_slow: bool = False
     _room: asyncio.Future[None] | None = None  # an opening waiting for the writer
     _room_below = 0  # ... until fewer frames than this wait
@@ -415,6 +422,8 @@ class LiveOperations:
         if self._too_slow:
             return
         outbox = self._outbox
+        if not outbox and isinstance(frame, str) and self.send_now(frame):
+            return  # written: nothing waited before it
         if outbox is None:
             outbox = self._outbox = deque()
         elif operation.source is not None and len(outbox) >= operation.source.subscriber.limit \
@@ -426,6 +435,26 @@ class LiveOperations:
         outbox.append(frame)
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write())
+
+    def send_now(self, text: str) -> bool:
+        """Write `text` at once when nothing waits before it and the server offers it
+        (SEND_NOW: the connection is writable): no writer task for the frame. False: it
+        must wait its turn (the outbox and its writer)."""
+        send_now = self.sender_now()
+        return send_now is not None and send_now(text)
+
+    def sender_now(self) -> Callable[[str], bool] | None:
+        """The server's SEND_NOW when a frame may be written at once (nothing waits in the
+        outbox), else None. It is looked up once; whether the connection is still open
+        is its own to check."""
+        if self._outbox or self._writer is not None:
+            return None
+        send_now = self._send_now
+        if send_now is None:
+            ws = getattr(self.websocket, "ws", None)  # type: ignore[attr-defined]
+            scope = getattr(ws, "scope", None) or {}
+            send_now = self._send_now = scope.get("extensions", {}).get(SEND_NOW) or False
+        return send_now or None
 
     async def room_for(self, mark: int) -> None:
         """Wait until fewer than `mark` frames wait to be written. An opening (a replay

@@ -84,16 +84,22 @@ class MessageRate:
             self._starts = OperationStarts()
         return self._starts
 
+    def sent_now(self, message: Any) -> bool:
+        """Written at once, without the ASGI send's chain of coroutines (the
+        graphql-transport-ws handler, gateway.subscriptions.live_operations)."""
+        return False
+
     async def send_message(self, message: Any) -> None:
-        try:
-            await super().send_message(message)  # type: ignore[misc]
-        except RuntimeError as exc:
-            # uvicorn's sans-I/O websocket refuses a send once the closing handshake has
-            # begun (a tab closed while a message was on its way): the client is gone, as
-            # for a disconnect, not a failure of ours.
-            if "close" not in str(exc):
-                raise
-            raise WebSocketDisconnected from None
+        if not self.sent_now(message):
+            try:
+                await super().send_message(message)  # type: ignore[misc]
+            except RuntimeError as exc:
+                # uvicorn's sans-I/O websocket refuses a send once the closing handshake
+                # has begun (a tab closed while a message was on its way): the client is
+                # gone, as for a disconnect, not a failure of ours.
+                if "close" not in str(exc):
+                    raise
+                raise WebSocketDisconnected from None
         op = message.get("id") if isinstance(message, dict) else None
         if op is not None:  # an operation's first message settles its start
             self.starts.settle(op)
@@ -136,6 +142,12 @@ class MessageRate:
 class TransportWSHandler(MessageRate, LiveOperations, BaseGraphQLTransportWSHandler):
     """Strawberry's handler; its subscriptions are served without a task each once
     started (gateway.subscriptions.live_operations)."""
+
+    def sent_now(self, message: Any) -> bool:
+        # A pong, an ack, an error: straight out when nothing waits before it (what
+        # Strawberry's send_json would send: the view's encoding, a text frame).
+        send_now = self.sender_now()
+        return send_now is not None and send_now(self.view.encode_json(message))
 
     @staticmethod
     def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:

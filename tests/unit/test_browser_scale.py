@@ -441,3 +441,175 @@ def test_an_opening_longer_than_the_buffer_goes_at_the_clients_pace() -> None:
         assert ws.receive_json() == {"id": "r", "type": "next",
                                      "payload": {"data": {"ticks": {"name": "live"}}}}
     assert subscribers == []
+
+
+# --- frames written without a task (the server's SEND_NOW) ---------------------------------
+
+
+def _offering_send_now(app, written: list[str], accept: list[bool]):
+    """`app` behind a server that offers SEND_NOW: it records each text it is given and
+    takes it (True) while `accept[0]` is true; otherwise answers False (take `send`)."""
+    from gateway.subscriptions.live_operations import SEND_NOW
+
+    def send_now(text: str) -> bool:
+        if accept[0]:
+            written.append(text)
+            return True
+        return False
+
+    async def offering(scope, receive, send) -> None:
+        if scope["type"] == "websocket":
+            scope.setdefault("extensions", {})[SEND_NOW] = send_now
+        await app(scope, receive, send)
+    return offering
+
+
+def test_live_frames_and_pongs_are_written_at_once_when_the_server_offers_it() -> None:
+    app, view, subscribers, tick = _live_app()
+    written: list[str] = []
+    accept = [False]
+    with _tab(_offering_send_now(app, written, accept), (("a", "1"), ("b", "2"))) as ws:
+        accept[0] = True
+        waiting: list[object] = []
+
+        def tick_and_look(name: str) -> None:
+            tick(name)  # every push of this change happens here, in one turn
+            waiting.extend((s.sink.handler._outbox, s.sink.handler._writer)
+                           for s in subscribers)
+        ws.portal.call(_in_loop, tick_and_look, "now")
+        # Written in the push itself, in order: no outbox, no writer task.
+        assert [orjson.loads(t)["id"] for t in written] == ["a", "b"]
+        assert waiting == [(None, None), (None, None)]
+        assert orjson.loads(written[0])["payload"] == {"data": {"ticks": {"name": "now"}}}
+        accept[0] = False  # the connection is not writable now: the outbox and its writer
+        ws.portal.call(_in_loop, tick, "later")
+        got = [ws.receive_json(), ws.receive_json()]
+        assert [m["id"] for m in got] == ["a", "b"]
+        assert all(m["payload"]["data"]["ticks"]["name"] == "later" for m in got)
+        assert len(written) == 2
+        accept[0] = True
+        ws.send_json({"type": "ping"})
+        deadline = 50_000
+        while len(written) < 3 and deadline:  # the pong, written by the handler's task
+            ws.portal.call(asyncio.sleep, 0)
+            deadline -= 1
+        assert orjson.loads(written[2]) == {"type": "pong"}
+        accept[0] = False
+
+
+def test_the_protocol_writes_a_frame_now_only_while_the_connection_is_open() -> None:
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+    from websockets.client import ClientProtocol
+    from websockets.frames import Opcode
+    from websockets.uri import parse_uri
+
+    from gateway.subscriptions.live_operations import SEND_NOW
+    from viewgate.websocket_protocol import GatewayWebSocketProtocol
+
+    class Transport:
+        """What uvicorn's protocol uses of an asyncio transport."""
+
+        def __init__(self) -> None:
+            self.data = bytearray()
+            self.closing = False
+
+        def write(self, data: bytes) -> None:
+            self.data += data
+
+        def take(self) -> bytes:
+            data, self.data = bytes(self.data), bytearray()
+            return data
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def close(self) -> None:
+            self.closing = True
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+        def get_extra_info(self, name: str, default=None):
+            return {"peername": ("127.0.0.1", 50000),
+                    "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    async def main() -> None:
+        accepted = asyncio.Event()
+
+        async def app(scope, receive, send) -> None:
+            assert (await receive())["type"] == "websocket.connect"
+            await send({"type": "websocket.accept"})
+            accepted.set()
+            while (await receive())["type"] != "websocket.disconnect":
+                pass
+
+        config = Config(app=app, ws_per_message_deflate=False, lifespan="off")
+        config.load()
+        protocol = GatewayWebSocketProtocol(config, ServerState(), {})
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/graphql"))
+        client.send_request(client.connect())
+        protocol.data_received(b"".join(client.data_to_send()))
+        send_now = protocol.scope["extensions"][SEND_NOW]
+        assert send_now("too early") is False  # the handshake is not answered yet
+        await asyncio.wait_for(accepted.wait(), 5)
+        client.receive_data(transport.take())  # the handshake's answer
+        client.events_received()
+        assert send_now('{"type":"pong"}') is True
+        for _ in range(1000):  # written at the end of this turn of the loop (coalesced)
+            if transport.data:
+                break
+            await asyncio.sleep(0)
+        client.receive_data(transport.take())
+        frames = client.events_received()
+        assert [(f.opcode, bytes(f.data)) for f in frames] == [(Opcode.TEXT, b'{"type":"pong"}')]
+        protocol.connection_lost(None)
+        assert SEND_NOW not in protocol.scope["extensions"]  # no cycle left through it
+        assert send_now("too late") is False
+        assert transport.take() == b""
+    asyncio.run(main())
+
+
+def test_the_idle_window_waits_for_a_quiet_change_feed(monkeypatch) -> None:
+    from viewgate.bench import browsers
+
+    class Feed:
+        """A gateway whose feed reader sees three more events, then none."""
+
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def stats(self) -> dict:
+            self.asked += 1
+            return {"positions": {"Customer": min(self.asked, 4), "Order": 10}}
+
+    monkeypatch.setattr(browsers, "QUIET_S", 0.05)
+    monkeypatch.setattr(browsers.time, "sleep", lambda s: None)
+    feed = Feed()
+    browsers._wait_quiet(feed)  # type: ignore[arg-type]
+    assert feed.asked >= 5  # asked past the last new event
+    assert browsers._feed_events(feed) == 14  # type: ignore[arg-type]
+
+
+def test_the_churn_offers_more_than_its_goal() -> None:
+    from viewgate.bench import browsers
+
+    churn = next(f for f in browsers.FIGURES if f.key == "ws_churn_per_s")
+    assert browsers.CHURN_RATE > browsers.CHURN_GOAL == churn.at_least
+
+
+def test_the_first_copy_is_split_at_the_gateways_note_of_its_fanout() -> None:
+    from viewgate.bench.browsers import _gateway_split
+
+    noted = {"received_ms": 10_100.0, "dispatch_started_ms": 10_150.0, "dispatch_ms": 300.0,
+             "delivered": 20_000}
+    split = _gateway_split(noted, 10_000.0, 10_500.0)
+    assert split == {"feed_to_reader": 0.1, "reader_to_dispatch": 0.05, "dispatch": 0.3,
+                     "dispatch_to_first_copy": 0.05, "messages": 20_000}
+    assert _gateway_split(None, 10_000.0, 10_500.0) is None
+    assert _gateway_split(noted, None, 10_500.0) is None

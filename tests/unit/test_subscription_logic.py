@@ -178,6 +178,27 @@ def test_the_fanout_drops_repeats_older_versions_and_other_generations():
     assert fanout.stats.repeats == 2
 
 
+def test_the_fanout_notes_a_batch_delivering_many_messages_and_not_a_small_one():
+    from gateway.subscriptions.fanout import FANOUT_NOTED
+
+    settings = Settings()
+    fanout = Fanout(CATALOG, settings, Reads(CATALOG, settings))
+    fanout.serving = dict.fromkeys(CATALOG.views, 0)
+    fanout.feed.received_ms = 1_000.0
+    subs = [Subscriber(10, lambda _: None) for _ in range(FANOUT_NOTED)]
+    fanout.index.add_key("Customer", "C1", subs[0])
+    asyncio.run(fanout.dispatch([FeedEvent("Customer", 0, _event(None, _row("gold"), 1))]))
+    assert fanout.stats.last_fanout is None  # one message: not a fan-out
+    for sub in subs[1:]:
+        fanout.index.add_key("Customer", "C1", sub)
+    asyncio.run(fanout.dispatch([FeedEvent("Customer", 1, _event(None, _row("silver"), 2))]))
+    noted = fanout.stats.last_fanout
+    assert noted is not None and noted["delivered"] == FANOUT_NOTED
+    assert noted["received_ms"] == 1_000.0
+    assert noted["dispatch_started_ms"] > noted["received_ms"] and noted["dispatch_ms"] >= 0
+    assert fanout.report()["lastFanout"] is noted
+
+
 def _tiny_app() -> Starlette:
     @strawberry.type
     class Query:
