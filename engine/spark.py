@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pyspark.sql import SparkSession
 
 from engine.class_archive import java_options
+from schema.object_store import export_s3_environment, spark_s3_conf
 from schema.settings import Settings
 
 
@@ -119,7 +120,10 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine",
         .config("spark.sql.streaming.minBatchesToRetain",
                 str(settings.spark_min_batches_to_retain))
     )
-    for key, value in settings.spark_conf.items():
+    # s3a:// roots: Spark through S3A; this process's delta-rs and pyarrow through the AWS
+    # variables (schema.object_store).
+    export_s3_environment(settings)
+    for key, value in {**spark_s3_conf(settings), **settings.spark_conf}.items():
         builder = builder.config(key, value)
     with _jvm_ignoring_sigterm():
         spark = builder.getOrCreate()

@@ -53,6 +53,7 @@ from schema.catalog import Catalog
 from schema.errors import CatalogError, Problem
 from schema.loader import load_catalog
 from schema.logs import configure_logging
+from schema.object_store import export_s3_environment
 from schema.redis_client import connect_async
 from schema.settings import Settings, get_settings
 
@@ -124,6 +125,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None,
                fast_path: bool = True) -> Starlette:
     settings = settings or get_settings()
     configure_logging(settings)
+    export_s3_environment(settings)  # delta-rs reads s3a:// tables with these
     catalog = catalog or load_catalog(settings.catalog)
     check_against_delta(catalog, settings.delta_location)
     redis_client = connect_async(settings.redis_url, socket_timeout=2)

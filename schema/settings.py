@@ -59,6 +59,18 @@ class Settings(BaseSettings):
         "Default: <data_dir>/checkpoints.",
     )
 
+    # Object storage for Delta and checkpoints (s3a:// roots): an S3-API endpoint and keys.
+    s3_endpoint: str | None = Field(
+        None,
+        description="S3-API endpoint for s3a:// Delta and checkpoint roots, e.g. "
+        "http://minio:9000 (unset: AWS's own, with keys from the usual AWS variables).",
+    )
+    s3_access_key_id: str | None = Field(None, description="Access key of the S3 endpoint.")
+    s3_secret_access_key: SecretStr | None = Field(
+        None, description="Secret key of the S3 endpoint (from the environment, never a file)."
+    )
+    s3_region: str = Field("us-east-1", description="Region of the S3 endpoint.")
+
     # Spark.
     spark_master: str = Field("local[2]", description="Spark master URL.")
     spark_jars: str | None = Field(

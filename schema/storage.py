@@ -10,17 +10,15 @@ import datetime
 import decimal
 import functools
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 from strawberry import ID
 
 from schema.catalog import View, graphql_fields
+from schema.object_store import read_text, replace_text
 
 # --- JSON values ------------------------------------------------------------------------
 
@@ -172,37 +170,16 @@ def meta_table_path(delta_root: str) -> str:
     return f"{delta_root.rstrip('/')}/_viewgate_meta"
 
 
-def _local(path: str) -> Path:
-    if path.startswith("file://"):
-        return Path(path[len("file://"):])
-    if "://" in path:
-        raise ValueError(f"{path} is not a local path; only local Delta roots are supported here")
-    return Path(path)
-
-
 def read_current_generation(delta_root: str, view: str) -> int:
     """The generation the view serves (0 if never written)."""
-    path = _local(current_generation_path(delta_root, view))
-    try:
-        return int(path.read_text().strip())
-    except FileNotFoundError:
-        return 0
+    text = read_text(current_generation_path(delta_root, view))
+    return 0 if text is None else int(text.strip())
 
 
 def write_current_generation(delta_root: str, view: str, generation: int) -> None:
-    """Write-temp-then-rename, so a reader sees the old or the new number, never half."""
-    path = _local(current_generation_path(delta_root, view))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="._current.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{int(generation)}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replaced whole (schema.object_store.replace_text): a reader sees the old or the new
+    number, never half, on a local disk and on object storage alike."""
+    replace_text(current_generation_path(delta_root, view), f"{int(generation)}\n")
 
 
 # --- Redis layout -----------------------------------------------------------------------

@@ -14,7 +14,15 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 from deltalake.exceptions import TableNotFoundError
-from shop_views import Record, delta_frame, expected_customer_stats, shop_events, ts
+from shop_views import (
+    Record,
+    delta_frame,
+    expected_customer_stats,
+    expected_customers,
+    produce,
+    shop_events,
+    ts,
+)
 
 from engine.rebuild import log_range
 from schema.storage import CHANGEFEED_PREFIX, ChangeEvent, changefeed_topic
@@ -128,6 +136,17 @@ def delta_rows(settings, view: str) -> int:
         return len(delta_frame(settings, view))
     except TableNotFoundError:
         return 0
+
+
+def start_on_customers(engine: EngineProcess, customers: list[Record]) -> None:
+    """Customers first, so every order finds its customer; then the engine, until every
+    customer is in Delta."""
+    settings = engine.settings
+    produce(settings.kafka_bootstrap, customers)
+    engine.start()
+    want = len(expected_customers(customers))
+    wait_until(lambda: delta_rows(settings, "Customer") == want, timeout_s=300,
+               what="the customers to be in Delta")
 
 
 def delta_stats_exact(settings, orders: list[Record]) -> bool:

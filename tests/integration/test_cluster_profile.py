@@ -1,7 +1,8 @@
 """The demo on the cluster profile (`viewgate up --cluster`): three KRaft brokers with
 topics replicated three times and two replicas in sync to acknowledge, a Redis Cluster of
-three masters with a replica each (redis-py's cluster client, `redis+cluster://`), and a
-Spark standalone master with two workers that run the engine's jobs. Faults one after the
+three masters with a replica each (redis-py's cluster client, `redis+cluster://`), a Spark
+standalone master with two workers that run the engine's jobs, and the Delta tables and
+Spark checkpoints in an S3 bucket (S3Proxy, through s3a:// and delta-rs). Faults one after the
 other under load: a Spark worker dies with its executor, a broker dies, the Redis master
 that holds `Order` dies (its replica takes over), the gateway restarts. Every view is then
 exact, in Redis and in Delta, and a subscriber that resumed from its cursor across the
@@ -21,15 +22,14 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 from engine_process import (
     EngineProcess,
-    delta_rows,
     delta_stats_exact,
     feed_changes,
     feed_ends,
     in_time_events,
+    start_on_customers,
 )
 from shop_views import (
     expected_customer_stats,
-    expected_customers,
     isolated,
     produce,
     view_mismatches,
@@ -39,11 +39,13 @@ from ws_clients import GatewayServer, TransportWS
 
 from engine.generations import switch_generations
 from gateway.subscriptions.feed_cursor import decode_feed_cursor
+from schema.object_store import s3_environment
 from schema.redis_client import connect
 from schema.storage import GRAPH_VERSION, ViewMeta, changefeed_topic, graph_key, meta_key
 from viewgate.stack.kafka import KafkaCluster
 from viewgate.stack.process import wait_until
 from viewgate.stack.redis_cluster import RedisClusterServers
+from viewgate.stack.s3proxy import S3ProxyServer
 from viewgate.stack.spark_standalone import SparkStandalone
 
 pytestmark = pytest.mark.integration
@@ -59,6 +61,7 @@ class Profile:
     kafka: KafkaCluster
     redis: RedisClusterServers
     spark: SparkStandalone
+    s3: S3ProxyServer
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,8 @@ def profile(base_settings, tmp_path_factory) -> Iterator[Profile]:
     started = []
     try:
         for server in (KafkaCluster(root / "kafka", base_settings.jar_dir / "kafka"),
-                       RedisClusterServers(root / "redis"), SparkStandalone(root / "spark")):
+                       RedisClusterServers(root / "redis"), SparkStandalone(root / "spark"),
+                       S3ProxyServer(root / "s3", base_settings.jar_dir / "s3proxy")):
             started.append(server)
             server.start()
         yield Profile(*started)
@@ -134,19 +138,26 @@ class FeedReader:
 
 
 def test_the_demo_rides_out_a_worker_a_broker_a_redis_master_and_a_gateway_restart(
-        profile, settings, tmp_path):
+        profile, settings, tmp_path, monkeypatch):
     spark_conf = {"spark.executor.memory": "768m", "spark.cores.max": "2"}
+    storage = {"delta_root": "s3a://viewgate/profile/delta",
+               "checkpoint_root": "s3a://viewgate/profile/checkpoints"}
     settings = isolated(settings, tmp_path / "data", redis_db=0).model_copy(update={
         "kafka_bootstrap": profile.kafka.bootstrap, "redis_url": profile.redis.url,
         "spark_master": profile.spark.master_url, "kafka_replication_factor": 3,
-        "kafka_min_insync_replicas": 2, "spark_conf": spark_conf})
+        "kafka_min_insync_replicas": 2, "spark_conf": spark_conf, **storage,
+        **profile.s3.settings_update()})
+    storage_env = {"VIEWGATE_DELTA_ROOT": storage["delta_root"],
+                   "VIEWGATE_CHECKPOINT_ROOT": storage["checkpoint_root"], **profile.s3.env()}
+    for name, value in s3_environment(settings).items():  # this process reads them too
+        monkeypatch.setenv(name, value)
     client = connect(settings.redis_url)
-    engine = EngineProcess(settings, tmp_path, PREFIX,
+    engine = EngineProcess(settings, tmp_path, PREFIX, **storage_env,
                            VIEWGATE_SPARK_MASTER=profile.spark.master_url,
                            VIEWGATE_KAFKA_REPLICATION_FACTOR="3",
                            VIEWGATE_KAFKA_MIN_INSYNC_REPLICAS="2",
                            VIEWGATE_SPARK_CONF=json.dumps(spark_conf))
-    gateway = GatewayServer(settings, tmp_path, PREFIX)
+    gateway = GatewayServer(settings, tmp_path, PREFIX, **storage_env)
     customers, orders = in_time_events(PREFIX, 2000)
     parts = [orders[i * len(orders) // 5:(i + 1) * len(orders) // 5] for i in range(5)]
 
@@ -156,10 +167,7 @@ def test_the_demo_rides_out_a_worker_a_broker_a_redis_master_and_a_gateway_resta
                    what=f"every view to match the orders {what}")
 
     try:
-        produce(settings.kafka_bootstrap, customers)
-        engine.start()
-        wait_until(lambda: delta_rows(settings, "Customer") == len(expected_customers(customers)),
-                   timeout_s=300, what="the customers to be in Delta")
+        start_on_customers(engine, customers)
         produce(settings.kafka_bootstrap, parts[0])
         exact(1, "of the first part")
         _assert_replicated(settings.kafka_bootstrap, changefeed_topic("Order"))

@@ -70,7 +70,8 @@ def test_compose_file_is_valid_for_a_real_compose_implementation(profile):
     assert done.returncode == 0, done.stderr
     services = set(done.stdout.split())
     assert {"kafka", "redis", "engine", "gateway"} <= services
-    cluster = {"kafka-1", "kafka-2", "kafka-3", "redis-cluster-init", "spark-master",
+    cluster = {"kafka-1", "kafka-2", "kafka-3", "redis-cluster-init", "s3", "s3-bucket",
+               "spark-master",
                "spark-worker-1", "spark-worker-2", "engine-cluster", "gateway-1", "gateway-2"}
     assert cluster <= services  # Compose 1.29 lists every service, in a profile or not
 

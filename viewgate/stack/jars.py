@@ -21,7 +21,7 @@ import pyspark
 from viewgate.stack.errors import StackError
 
 POM_DIR = Path(__file__).resolve().parent.parent / "jvm"
-BUNDLES = ("kafka", "spark")
+BUNDLES = ("kafka", "spark", "s3proxy")
 _STAMP = ".resolved"
 _VERSIONED_JAR = re.compile(r"^(?P<artifact>.+?)-\d+(\.\d+)+([.-][A-Za-z0-9]+)*\.jar$")
 

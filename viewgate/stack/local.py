@@ -1,7 +1,8 @@
 """The stack that `viewgate up` runs in the foreground: the local development stack (one
 broker, one Redis, Spark in the engine's process), or with `--cluster` the cluster profile
 (three Kafka brokers, a Redis Cluster of three masters with a replica each, a Spark
-standalone master with two workers, and two gateways).
+standalone master with two workers, S3Proxy holding the Delta tables and checkpoints, and
+two gateways).
 
 Every process is a child we started and track by pid; on Ctrl-C, SIGTERM or the
 death of any one of them, all are stopped in reverse order of start.
@@ -47,18 +48,25 @@ def local_services(settings: Settings, data: Path) -> tuple[list[Service], dict[
 
 
 def cluster_services(settings: Settings, data: Path) -> tuple[list[Service], dict[str, str]]:
+    from viewgate.stack.s3proxy import S3ProxyServer
     from viewgate.stack.spark_standalone import SparkStandalone
 
     kafka = KafkaCluster(data / "kafka-cluster", settings.jar_dir / "kafka")
     redis = RedisClusterServers(data / "redis-cluster")
     spark = SparkStandalone(data / "spark")
+    s3 = S3ProxyServer(data / "s3", settings.jar_dir / "s3proxy")
     services = [
         Service("kafka", kafka, lambda: f"{kafka.bootstrap} (3 brokers, logs in {kafka.data_dir})"),
         Service("redis", redis, lambda: f"{redis.url} (3 masters + 3 replicas)"),
         Service("spark", spark, lambda: f"{spark.master_url} (2 workers, "
                                         f"http://127.0.0.1:{spark.ui_port})"),
+        Service("s3", s3, lambda: f"{s3.endpoint} (S3Proxy: Delta tables and checkpoints in "
+                                  "s3a://viewgate/)"),
     ]
     return services, {
+        **s3.env(),
+        "VIEWGATE_DELTA_ROOT": "s3a://viewgate/delta",
+        "VIEWGATE_CHECKPOINT_ROOT": "s3a://viewgate/checkpoints",
         "VIEWGATE_KAFKA_BOOTSTRAP": kafka.bootstrap,
         "VIEWGATE_KAFKA_REPLICATION_FACTOR": "3",
         "VIEWGATE_KAFKA_MIN_INSYNC_REPLICAS": "2",

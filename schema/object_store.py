@@ -1,0 +1,108 @@
+"""Delta tables and checkpoints on object storage (s3a:// roots): one configuration for
+the three clients that reach them. Spark reads and writes through Hadoop's S3A (its
+`spark.hadoop.fs.s3a.*` options); delta-rs and pyarrow (the engine's MERGEs, the gateway's
+reads, the generation pointers) read the AWS variables of their process, which
+`export_s3_environment` sets from the settings."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from schema.settings import Settings
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def local_path(path: str) -> Path:
+    return Path(path.removeprefix("file://"))
+
+
+def s3_environment(settings: Settings) -> dict[str, str]:
+    """The AWS variables delta-rs (object_store) and pyarrow read, from the settings."""
+    if settings.s3_endpoint is None:
+        return {}
+    values = {
+        "AWS_ENDPOINT_URL": settings.s3_endpoint,
+        "AWS_REGION": settings.s3_region,
+        "AWS_ALLOW_HTTP": "true" if settings.s3_endpoint.startswith("http://") else "false",
+    }
+    if settings.s3_access_key_id:
+        values["AWS_ACCESS_KEY_ID"] = settings.s3_access_key_id
+    if settings.s3_secret_access_key:
+        values["AWS_SECRET_ACCESS_KEY"] = settings.s3_secret_access_key.get_secret_value()
+    return values
+
+
+def export_s3_environment(settings: Settings) -> None:
+    """Set s3_environment in this process; a variable already set in it wins."""
+    for name, value in s3_environment(settings).items():
+        os.environ.setdefault(name, value)
+
+
+def spark_s3_conf(settings: Settings) -> dict[str, str]:
+    """Hadoop S3A options for an S3-API endpoint of our own (path-style, plain HTTP)."""
+    if settings.s3_endpoint is None:
+        return {}
+    conf = {
+        "spark.hadoop.fs.s3a.endpoint": settings.s3_endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": settings.s3_region,
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled":
+            "false" if settings.s3_endpoint.startswith("http://") else "true",
+    }
+    if settings.s3_access_key_id and settings.s3_secret_access_key:
+        conf["spark.hadoop.fs.s3a.access.key"] = settings.s3_access_key_id
+        conf["spark.hadoop.fs.s3a.secret.key"] = settings.s3_secret_access_key.get_secret_value()
+    return conf
+
+
+def _filesystem(uri: str):
+    import pyarrow.fs
+
+    # pyarrow knows s3://, not Hadoop's s3a:// for the same objects.
+    return pyarrow.fs.FileSystem.from_uri("s3://" + uri.split("://", 1)[1]
+                                          if uri.startswith("s3a://") else uri)
+
+
+def read_text(path: str) -> str | None:
+    """A small file's text, None if it does not exist."""
+    if not is_remote(path):
+        try:
+            return local_path(path).read_text()
+        except FileNotFoundError:
+            return None
+    import pyarrow
+
+    fs, key = _filesystem(path)
+    try:
+        with fs.open_input_stream(key) as stream:
+            return stream.read().decode()
+    except (FileNotFoundError, pyarrow.ArrowIOError):
+        return None
+
+
+def replace_text(path: str, text: str) -> None:
+    """Replace a small file whole, so a reader sees the old or the new text, never half:
+    on a local disk by writing a temporary file and renaming it; on object storage by one
+    PUT of the object (object stores replace an object atomically and have no rename)."""
+    if is_remote(path):
+        fs, key = _filesystem(path)
+        with fs.open_output_stream(key) as stream:
+            stream.write(text.encode())
+        return
+    target = local_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,39 @@
+"""How the settings reach the three S3 clients, and small files replaced whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from schema.object_store import is_remote, read_text, replace_text, s3_environment, spark_s3_conf
+from schema.settings import Settings
+
+
+def test_no_endpoint_configures_nothing() -> None:
+    assert s3_environment(Settings()) == {} and spark_s3_conf(Settings()) == {}
+
+
+def test_an_endpoint_reaches_delta_rs_pyarrow_and_spark() -> None:
+    settings = Settings(s3_endpoint="http://store:9000", s3_access_key_id="id",
+                        s3_secret_access_key=SecretStr("secret"), s3_region="eu-west-1")
+    assert s3_environment(settings) == {
+        "AWS_ENDPOINT_URL": "http://store:9000", "AWS_REGION": "eu-west-1",
+        "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"}
+    conf = spark_s3_conf(settings)
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://store:9000"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3a.secret.key"] == "secret"
+    tls = Settings(s3_endpoint="https://s3.example")
+    assert s3_environment(tls)["AWS_ALLOW_HTTP"] == "false"
+    assert "spark.hadoop.fs.s3a.access.key" not in spark_s3_conf(tls)  # AWS's own chain
+
+
+def test_a_local_file_is_replaced_whole(tmp_path: Path) -> None:
+    path = str(tmp_path / "v" / "_current")
+    assert read_text(path) is None
+    replace_text(path, "1\n")
+    replace_text(f"file://{path}", "2\n")
+    assert read_text(path) == "2\n"
+    assert [p.name for p in (tmp_path / "v").iterdir()] == ["_current"]
+    assert is_remote("s3a://bucket/x") and not is_remote(path) and not is_remote(f"file://{path}")
