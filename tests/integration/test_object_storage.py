@@ -53,12 +53,13 @@ def test_a_generation_pointer_is_one_object_replaced_whole(s3, s3_env):
 
 def test_the_demo_on_object_storage_survives_a_sigkill(s3, s3_env, settings, tmp_path):
     root = "s3a://viewgate/demo"
-    settings = isolated(settings, tmp_path / "data", redis_db=9).model_copy(update={
+    settings = isolated(settings, tmp_path / "data", redis_db=25).model_copy(update={
         "delta_root": f"{root}/delta", "checkpoint_root": f"{root}/checkpoints",
         **s3.settings_update()})
     storage_env = {"VIEWGATE_DELTA_ROOT": settings.delta_root,
                    "VIEWGATE_CHECKPOINT_ROOT": settings.checkpoint_root, **s3.env()}
     client = connect(settings.redis_url)
+    client.flushdb()  # a database no other test uses, emptied: the views start from nothing
     engine = EngineProcess(settings, tmp_path, PREFIX, **storage_env)
     gateway = GatewayServer(settings, tmp_path, PREFIX, **storage_env)
     customers, orders = in_time_events(PREFIX, 1200)
