@@ -167,7 +167,12 @@ def _graph_run(ctx: BenchContext, spark: Any, name: str, catalog: Any, events: i
             f"{sampler.seconds('executor'):.1f} s over {seconds:.0f} s")
     return {"events_per_s": round(result["events_per_s"]),
             "driver_share": round(sampler.driver_share(), 3),
-            "executor_cores": round(sampler.seconds("executor") / seconds, 2)}
+            "executor_cores": round(sampler.seconds("executor") / seconds, 2),
+            # The run's profile: where its CPU went and its batches' phases (Spark's ms).
+            "driver_cpu_s": round(sampler.seconds("driver"), 1),
+            "executor_cpu_s": round(sampler.seconds("executor"), 1),
+            "seconds": round(seconds, 1), "batches": result["batches"],
+            "phase_ms": {k: round(v, 1) for k, v in result["phase_ms"].items()}}
 
 
 def _stop_session(ctx: BenchContext) -> None:
@@ -229,6 +234,7 @@ def run(ctx: BenchContext) -> GroupResult:
         "engine_driver_cpu_share_cluster": runs[2]["driver_share"],
         "engine_executor_cores_cluster": runs[2]["executor_cores"],
         "engine_cluster_events": events,
+        "engine_cluster_profile": {"local": local, "1_worker": runs[1], "2_workers": runs[2]},
     })
 
 
