@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from schema.object_store import read_text
 
 
 @dataclass(frozen=True)
@@ -20,14 +21,11 @@ class BatchOffsets:
 
 
 def read_batch_offsets(checkpoint: str, batch_id: int) -> BatchOffsets | None:
-    """None when the checkpoint is not on a local path (object storage) or lacks the batch."""
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
+    """None when the checkpoint lacks the batch. On a local disk or in a bucket."""
+    text = read_text(f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
+    if text is None:
         return None
-    path = Path(checkpoint.removeprefix("file://")) / "offsets" / str(batch_id)
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return None
+    lines = text.splitlines()
     # Line 1 is the log version, line 2 the batch metadata, then one line per source.
     watermark_ms = json.loads(lines[1]).get("batchWatermarkMs", 0) if len(lines) > 1 else 0
     offsets: dict[str, dict[str, int]] = {}

@@ -8,12 +8,11 @@ fills generation N+1 beside the live N; the switch then moves readers over atomi
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 
 import redis
 
+from schema.object_store import delete_tree, subfolders
 from schema.redis_client import is_cluster
 from schema.settings import Settings
 from schema.storage import (
@@ -31,23 +30,16 @@ from schema.storage import (
 _GENERATION_DIR = re.compile(r"^g(\d+)$")
 
 
-def _local_dir(location: str, view: str) -> Path | None:
-    if "://" in location and not location.startswith("file://"):
-        return None  # object storage: leftovers are the operator's to clean
-    return Path(location.removeprefix("file://")) / view
-
-
-def generation_dirs(settings: Settings, view: str) -> dict[int, list[Path]]:
-    """Every generation with a Delta table or checkpoint folder on the local disk."""
-    found: dict[int, list[Path]] = {}
+def generation_dirs(settings: Settings, view: str) -> dict[int, list[str]]:
+    """Every generation with a Delta table or checkpoint folder, on a local disk or in a
+    bucket (schema.object_store)."""
+    found: dict[int, list[str]] = {}
     for location in (settings.delta_location, settings.checkpoint_location):
-        folder = _local_dir(location, view)
-        if folder is None or not folder.is_dir():
-            continue
-        for child in folder.iterdir():
-            match = _GENERATION_DIR.match(child.name)
-            if match and child.is_dir():
-                found.setdefault(int(match.group(1)), []).append(child)
+        folder = f"{location.rstrip('/')}/{view}"
+        for name in subfolders(folder):
+            match = _GENERATION_DIR.match(name)
+            if match:
+                found.setdefault(int(match.group(1)), []).append(f"{folder}/{name}")
     return found
 
 
@@ -57,7 +49,7 @@ def _remove_dirs(settings: Settings, view: str, which: Callable[[int], bool]) ->
     for generation, paths in generation_dirs(settings, view).items():
         if which(generation):
             for path in paths:
-                shutil.rmtree(path, ignore_errors=True)
+                delete_tree(path)
             removed.append(generation)
     return removed
 

@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
@@ -65,6 +64,7 @@ from engine.sources import classify_sources, read_kafka, source_columns, value_c
 from engine.stream_aggregates import META_MAX_EVENT_TIME, Seen, StreamAggregate, StreamBatch
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
+from schema.object_store import read_text, replace_text, subfolders
 from schema.redis_client import connect as connect_redis
 from schema.redis_client import is_cluster
 from schema.settings import Settings
@@ -535,15 +535,13 @@ def claim_checkpoint(settings: Settings, catalog: Catalog, generations: Mapping[
     engine from before views over views), would start from where the checkpoint stands
     and miss every earlier event: refused, with the fix."""
     checkpoint = graph_checkpoint(settings, graph_generation(generations, catalog))
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
-        return  # object storage: not checked yet
-    folder = Path(checkpoint.removeprefix("file://"))
     names = sorted(v.name for v in graph_views(catalog))
     fix = (f"run `viewgate rebuild {names[0]}`: it recomputes the graph's views together "
            "into a new generation while the current one keeps serving")
-    recorded = folder / VIEWS_FILE
-    if recorded.exists():
-        had = json.loads(recorded.read_text())
+    recorded = f"{checkpoint.rstrip('/')}/{VIEWS_FILE}"  # on a local disk or in a bucket
+    text = read_text(recorded)
+    if text is not None:
+        had = json.loads(text)
         if had != names:
             added = sorted(set(names) - set(had)) or ["(none)"]
             raise GraphChanged(f"the graph query's checkpoint runs {', '.join(had)}; the "
@@ -552,11 +550,10 @@ def claim_checkpoint(settings: Settings, catalog: Catalog, generations: Mapping[
     committed = [n for n in names
                  if DeltaTable(delta_table_path(settings.delta_location, n, generations[n]))
                  .transaction_version(delta_app_id(n, generations[n])) is not None]
-    if committed or (folder / "offsets").exists():
+    if committed or "offsets" in subfolders(checkpoint):
         raise GraphChanged(f"{', '.join(committed) or 'the graph'} were committed by another "
-                           f"query than this graph query's checkpoint ({folder}): {fix}")
-    folder.mkdir(parents=True, exist_ok=True)
-    recorded.write_text(json.dumps(names))
+                           f"query than this graph query's checkpoint ({checkpoint}): {fix}")
+    replace_text(recorded, json.dumps(names))
 
 
 def graph_trigger(catalog: Catalog) -> str:

@@ -7,6 +7,7 @@ reads, the generation pointers) read the AWS variables of their process, which
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -106,3 +107,25 @@ def replace_text(path: str, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def subfolders(path: str) -> list[str]:
+    """The names of the folders directly under `path` (none if it does not exist); in a
+    bucket, the common prefixes under it."""
+    if not is_remote(path):
+        folder = local_path(path)
+        return [c.name for c in folder.iterdir() if c.is_dir()] if folder.is_dir() else []
+    import pyarrow.fs
+
+    fs, key = _filesystem(path)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(key, allow_not_found=True))
+    return [i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory]
+
+
+def delete_tree(path: str) -> None:
+    """Delete a folder and everything under it (a bucket's objects under the prefix)."""
+    if not is_remote(path):
+        shutil.rmtree(local_path(path), ignore_errors=True)
+        return
+    fs, key = _filesystem(path)
+    fs.delete_dir(key)

@@ -14,9 +14,15 @@ from engine_process import EngineProcess, delta_stats_exact, in_time_events, sta
 from shop_views import expected_customers, isolated, produce, view_mismatches
 from ws_clients import GatewayServer
 
-from schema.object_store import s3_environment
+from engine.generations import generation_dirs
+from schema.object_store import delete_tree, read_text, replace_text, s3_environment
 from schema.redis_client import connect
-from schema.storage import read_current_generation, write_current_generation
+from schema.storage import (
+    ViewMeta,
+    meta_key,
+    read_current_generation,
+    write_current_generation,
+)
 from viewgate.stack.process import wait_until
 from viewgate.stack.s3proxy import S3ProxyServer
 
@@ -51,6 +57,20 @@ def test_a_generation_pointer_is_one_object_replaced_whole(s3, s3_env):
     assert read_current_generation(root, "Order") == 7
 
 
+def test_old_generations_in_a_bucket_are_found_and_deleted(s3, s3_env, base_settings):
+    settings = base_settings.model_copy(update={
+        "delta_root": "s3a://viewgate/gens/delta", "checkpoint_root": "s3a://viewgate/gens/cp"})
+    for path in ("gens/delta/Order/g1/part-0.parquet", "gens/delta/Order/g2/_delta_log/0.json",
+                 "gens/cp/Order/g1/offsets/0", "gens/delta/Order/_current"):
+        replace_text(f"s3a://viewgate/{path}", "x")
+    assert sorted(generation_dirs(settings, "Order")) == [1, 2]
+    assert len(generation_dirs(settings, "Order")[1]) == 2  # its table and its checkpoint
+    delete_tree(generation_dirs(settings, "Order")[1][0])
+    delete_tree(generation_dirs(settings, "Order")[1][0])
+    assert sorted(generation_dirs(settings, "Order")) == [2]
+    assert read_text("s3a://viewgate/gens/delta/Order/_current") == "x"
+
+
 def test_the_demo_on_object_storage_survives_a_sigkill(s3, s3_env, settings, tmp_path):
     root = "s3a://viewgate/demo"
     settings = isolated(settings, tmp_path / "data", redis_db=25).model_copy(update={
@@ -76,6 +96,9 @@ def test_the_demo_on_object_storage_survives_a_sigkill(s3, s3_env, settings, tmp
                    what="every view to match all orders after the restart")
         wait_until(lambda: delta_stats_exact(settings, orders), timeout_s=120,
                    what="CustomerStats in the bucket to count every order once")
+        # The batch's Kafka offsets, read from the checkpoint in the bucket, are in the meta.
+        offsets = ViewMeta.from_fields(client.hgetall(meta_key("Order"))).offsets
+        assert sum(offsets[f"{PREFIX}.orders"].values()) == len(orders), offsets
 
         # With Redis emptied, the gateway answers from the Delta table in the bucket.
         gateway.start()

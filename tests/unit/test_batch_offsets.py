@@ -23,9 +23,9 @@ def test_offsets_and_watermark_of_a_batch(tmp_path: Path) -> None:
     assert read_batch_offsets(f"file://{tmp_path}", 7) == covered
 
 
-def test_no_watermark_missing_batches_and_object_storage(tmp_path: Path) -> None:
+def test_no_watermark_and_missing_batches(tmp_path: Path) -> None:
+    # (A checkpoint in a bucket: tests/integration/test_object_storage.py.)
     (tmp_path / "offsets").mkdir()
     (tmp_path / "offsets" / "0").write_text(OFFSET_LOG.replace("1704067230250", "0"))
     assert read_batch_offsets(str(tmp_path), 0).watermark == ""
     assert read_batch_offsets(str(tmp_path), 1) is None
-    assert read_batch_offsets("s3a://bucket/checkpoints/View/g0", 0) is None
