@@ -76,13 +76,11 @@ def read_text(path: str) -> str | None:
             return local_path(path).read_text()
         except FileNotFoundError:
             return None
-    import pyarrow
-
     fs, key = _filesystem(path)
     try:
         with fs.open_input_stream(key) as stream:
             return stream.read().decode()
-    except (FileNotFoundError, pyarrow.ArrowIOError):
+    except FileNotFoundError:  # only a missing object: a store that fails must not read as one
         return None
 
 

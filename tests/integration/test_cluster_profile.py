@@ -30,6 +30,7 @@ from engine_process import (
 )
 from shop_views import (
     expected_customer_stats,
+    expected_order_records,
     isolated,
     produce,
     view_mismatches,
@@ -227,6 +228,15 @@ def test_the_demo_rides_out_a_worker_a_broker_a_redis_master_and_a_gateway_resta
         got_stats = answer["data"]["customerStats"]
         assert got_stats["orderCount"] == stats.loc[customer].order_count
         assert got_stats["totalSpent"] == pytest.approx(stats.loc[customer].total_spent)
+        # A list page by a score index (a script run through the cluster pipeline).
+        paid = sorted((o["amount"], k) for k, o in expected_order_records(orders).items()
+                      if o["status"] == "paid")
+        page = gateway.query('{ orders(where: {status: {eq: "paid"}}, orderBy: {field: AMOUNT}, '
+                             "first: 50) { totalCount edges { node { orderId } } } }")
+        assert "errors" not in page, page
+        assert page["data"]["orders"]["totalCount"] == len(paid)
+        assert [e["node"]["orderId"] for e in page["data"]["orders"]["edges"]] == [
+            k for _, k in paid[:50]]
     finally:
         gateway.stop()
         engine.stop()
