@@ -513,9 +513,11 @@ def test_the_protocol_writes_a_frame_now_only_while_the_connection_is_open() -> 
         def __init__(self) -> None:
             self.data = bytearray()
             self.closing = False
+            self.written = asyncio.Event()
 
         def write(self, data: bytes) -> None:
             self.data += data
+            self.written.set()
 
         def take(self) -> bytes:
             data, self.data = bytes(self.data), bytearray()
@@ -560,11 +562,10 @@ def test_the_protocol_writes_a_frame_now_only_while_the_connection_is_open() -> 
         await asyncio.wait_for(accepted.wait(), 5)
         client.receive_data(transport.take())  # the handshake's answer
         client.events_received()
+        transport.written.clear()
         assert send_now('{"type":"pong"}') is True
-        for _ in range(1000):  # written at the end of this turn of the loop (coalesced)
-            if transport.data:
-                break
-            await asyncio.sleep(0)
+        # Written at the end of this turn of the loop (coalesced).
+        await asyncio.wait_for(transport.written.wait(), 5)
         client.receive_data(transport.take())
         frames = client.events_received()
         assert [(f.opcode, bytes(f.data)) for f in frames] == [(Opcode.TEXT, b'{"type":"pong"}')]
