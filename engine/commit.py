@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
-from engine.maintenance import MaintenanceSchedule, maintain
+from engine.maintenance import MaintenanceSchedule, compact, maintain
 from engine.metrics import MAINTENANCE_SECONDS, observe_rejected
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
@@ -105,6 +105,7 @@ class ViewCommitter:
         )
         self.target_file_bytes = settings.delta_target_file_bytes
         self.maintenance = MaintenanceSchedule(settings.delta_maintenance_interval_s)
+        self.compaction = MaintenanceSchedule(settings.delta_compact_interval_s)
 
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
                 deletes: set[str], old_rows: Mapping[str, dict[str, Any]]) -> list[ChangeEvent]:
@@ -275,17 +276,23 @@ class ViewCommitter:
             **pending.meta,
         }
         try:
-            self._merge(pending.batch_id, pending.rows, pending.deleted, metadata)
+            previous = {e.key: e.before for e in pending.events if e.before is not None}
+            self._merge(pending.batch_id, pending.rows, pending.deleted, metadata, previous)
         finally:
             IN_FLIGHT.pop(self.view.name, None)
 
     def _merge(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
-               deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any]) -> None:
+               deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any],
+               previous: Mapping[str, Mapping[str, Any]]) -> None:
         started = time.perf_counter()
-        merged = self.delta.merge(batch_id, rows, deleted, self.delete_on, metadata=metadata)
+        merged = self.delta.merge(batch_id, rows, deleted, self.delete_on, metadata=metadata,
+                                  previous=previous)
         failpoint("after_delta", self.view.name)
         if merged and self.maintenance.due():  # a replayed batch leaves the table alone
             self._maintain(batch_id)
+            self.compaction.done()  # maintenance compacted the table whole
+        elif merged and self.compaction.due():
+            self._maintain(batch_id, small_files_only=True)
         if log.isEnabledFor(logging.DEBUG):
             delta_ms = (time.perf_counter() - started) * 1000
             log.debug("%s batch %d: delta %.0f ms", self.view.name, batch_id, delta_ms,
@@ -300,19 +307,23 @@ class ViewCommitter:
                    for e in events if e.row is None]
         return rows, deleted
 
-    def _maintain(self, batch_id: int) -> None:
-        """Delta maintenance between this batch and the next (engine.maintenance). A
-        failure is logged and tried again an interval later: the batch is committed."""
+    def _maintain(self, batch_id: int, small_files_only: bool = False) -> None:
+        """Delta maintenance between this batch and the next (engine.maintenance): the whole
+        of it, or the compaction of small files. A failure is logged and tried again an
+        interval later: the batch is committed."""
+        schedule = self.compaction if small_files_only else self.maintenance
+        what = "compaction" if small_files_only else "maintenance"
         try:
-            result = maintain(self.delta.path, self.view, self.target_file_bytes)
+            result = (compact(self.delta.path, self.target_file_bytes) if small_files_only
+                      else maintain(self.delta.path, self.view, self.target_file_bytes))
         except Exception as exc:  # noqa: BLE001 - delta-rs raises several kinds
-            log.warning("%s: Delta maintenance after batch %d failed, next try in %.0f s: %s",
-                        self.view.name, batch_id, self.maintenance.interval_s, exc,
+            log.warning("%s: Delta %s after batch %d failed, next try in %.0f s: %s",
+                        self.view.name, what, batch_id, schedule.interval_s, exc,
                         extra={"view": self.view.name, "batch_id": batch_id})
         else:
             MAINTENANCE_SECONDS.labels(self.view.name).observe(result.seconds)
-            log.info("%s: Delta maintenance after batch %d took %.1f s: %d files ordered "
-                     "into %d, %d vacuumed", self.view.name, batch_id, result.seconds,
+            log.info("%s: Delta %s after batch %d took %.1f s: %d files into %d, %d "
+                     "vacuumed", self.view.name, what, batch_id, result.seconds,
                      result.files_removed, result.files_added, result.files_vacuumed,
                      extra={"view": self.view.name, "batch_id": batch_id})
-        self.maintenance.done()
+        schedule.done()

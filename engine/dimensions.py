@@ -15,6 +15,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from schema.delta_read import live_rows
 from schema.settings import Settings
 from schema.storage import delta_table_path, read_current_generation
 
@@ -50,7 +51,7 @@ class Dimensions:
         if _row_count(table) > self.settings.dimension_local_max_rows:
             frame = session.read.format("delta").option("versionAsOf", version).load(path)
         else:
-            frame = session.createDataFrame(_plain_types(table.to_pyarrow_table()))
+            frame = session.createDataFrame(live_rows(table))
         self._snapshots[name] = _Snapshot(path, version, frame)
         return frame
 
@@ -61,14 +62,3 @@ def _row_count(table: DeltaTable) -> int:
     if "num_records" not in actions.column_names:
         return 0 if actions.num_rows == 0 else 2**62  # no statistics: assume large
     return int(pa.compute.sum(actions["num_records"]).as_py() or 0)
-
-
-def _plain_types(table: pa.Table) -> pa.Table:
-    """delta-rs reads strings as string_view, which Spark's Arrow conversion does not take."""
-    fields = [
-        pa.field(f.name, pa.string(), f.nullable)
-        if f.type in (pa.string_view(), pa.large_string())
-        else f
-        for f in table.schema
-    ]
-    return table.cast(pa.schema(fields))

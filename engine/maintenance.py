@@ -1,13 +1,14 @@
 """Keep a view's Delta table fast and bounded as it grows: maintenance between batches.
 
-A batch's MERGE rewrites only the files whose key range (min and max of the key in the
-file's statistics) holds a key the batch changes (see engine.sinks.delta_sink). The
-MERGEs themselves widen those ranges: rewritten rows and new rows land in one new file.
-So every `delta_maintenance_interval_s` the committer of a view, after one of its batches:
-- orders the table by its key into files of `delta_target_file_bytes` (delta-rs z-order
-  on the key columns), so each file covers a narrow key range again;
-- vacuums the files that no version within the view's `history` needs;
-- checkpoints the log and removes log entries older than `history`.
+A batch's MERGE writes one small file of its rows and marks the rows they replace in
+older files with deletion vectors (engine.sinks.dv_merge). So:
+- every `delta_compact_interval_s` the small files are merged into files of
+  `delta_target_file_bytes` (delta-rs OPTIMIZE compact), which costs the recent rows only;
+- every `delta_maintenance_interval_s` the table is ordered by its key into files of that
+  size (delta-rs z-order on the key columns), which drops the deleted rows and their
+  vectors and gives each file a narrow key range again; files no version within the
+  view's `history` needs are vacuumed; the log is checkpointed and its entries older than
+  `history` removed.
 
 It runs in the committing thread, between two batches, so it never conflicts with a
 MERGE; the batch after it waits for it (logged, and in
@@ -37,6 +38,8 @@ def table_properties(view: View, target_file_bytes: int) -> dict[str, str]:
     long removed files and log entries stay (what `asOf` can reach)."""
     history = f"interval {history_seconds(view)} seconds"
     return {
+        # MERGEs mark replaced rows instead of rewriting their files (engine.sinks.dv_merge).
+        "delta.enableDeletionVectors": "true",
         "delta.targetFileSize": str(target_file_bytes),
         "delta.deletedFileRetentionDuration": history,
         "delta.logRetentionDuration": history,
@@ -60,6 +63,17 @@ class MaintenanceResult:
     files_added: int
     files_vacuumed: int
     seconds: float
+
+
+def compact(path: str, target_file_bytes: int) -> MaintenanceResult:
+    """Merge the table's small files (each batch writes one) into files of the target size:
+    a batch then looks its keys up in, and marks rows of, a few files, not hundreds. Costs
+    the small files' rows, not the table's, so it runs far more often than `maintain`."""
+    started = time.monotonic()
+    merged = DeltaTable(path).optimize.compact(target_size=target_file_bytes)
+    return MaintenanceResult(int(merged.get("numFilesRemoved", 0)),
+                             int(merged.get("numFilesAdded", 0)), 0,
+                             time.monotonic() - started)
 
 
 def maintain(path: str, view: View, target_file_bytes: int) -> MaintenanceResult:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from schema.settings import Settings
@@ -93,18 +94,7 @@ def replace_text(path: str, text: str) -> None:
         with fs.open_output_stream(key) as stream:
             stream.write(text.encode())
         return
-    target = local_path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write_local(local_path(path), text.encode(), os.replace)
 
 
 def subfolders(path: str) -> list[str]:
@@ -127,3 +117,52 @@ def delete_tree(path: str) -> None:
         return
     fs, key = _filesystem(path)
     fs.delete_dir(key)
+
+
+def filesystem(path: str):
+    """pyarrow's filesystem for `path` (a local folder or an s3:// or s3a:// URI) and the
+    path within it."""
+    if not is_remote(path):
+        import pyarrow.fs
+
+        return pyarrow.fs.LocalFileSystem(), str(local_path(path))
+    return _filesystem(path)
+
+
+def read_bytes(path: str) -> bytes:
+    """A file's bytes; FileNotFoundError if it does not exist."""
+    fs, key = filesystem(path)
+    with fs.open_input_file(key) as f:
+        return f.read()
+
+
+def write_new(path: str, data: bytes) -> None:
+    """Write a file that must not exist yet (FileExistsError if it does): a Delta log entry.
+    On a local disk atomically (a hard link of a finished temporary file fails if the name is
+    taken). Object storage without conditional writes in pyarrow: a check, then one PUT;
+    safe because each Delta table has one writer (the engine's committer of its view)."""
+    if is_remote(path):
+        import pyarrow.fs
+
+        fs, key = _filesystem(path)
+        if fs.get_file_info(key).type != pyarrow.fs.FileType.NotFound:
+            raise FileExistsError(path)
+        with fs.open_output_stream(key) as stream:
+            stream.write(data)
+        return
+    _write_local(local_path(path), data, os.link)
+
+
+def _write_local(target: Path, data: bytes, publish: Callable[[str, Path], None]) -> None:
+    """Write a temporary file beside `target`, synced, then `publish` it under its name
+    (os.replace: replace whatever is there; os.link: fail if the name is taken)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        publish(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

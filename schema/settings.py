@@ -111,11 +111,17 @@ class Settings(BaseSettings):
         "older ones are deleted, so checkpoints stay bounded.",
     )
     delta_target_file_bytes: int = Field(
-        1024 * 1024,
+        8 * 1024 * 1024,
         description="Target size of the Parquet files of a view's Delta table "
-        "(delta.targetFileSize): a batch's MERGE rewrites only the files whose key range "
-        "holds a key it changes, so smaller files make a batch cheaper on a large view (8 MiB "
-        "files made a batch on 2 million orders rewrite 445,000 rows, 1 MiB files 70,000).",
+        "(delta.targetFileSize), which compaction and maintenance write. A batch's MERGE "
+        "rewrites no file (it marks replaced rows with deletion vectors), so larger files "
+        "only mean fewer files for a batch to mark.",
+    )
+    delta_compact_interval_s: float = Field(
+        60.0,
+        description="How often the engine merges each view's small Delta files (a batch "
+        "writes one) into files of delta_target_file_bytes, between two of its batches. "
+        "Costs the recent rows only. 0 turns it off.",
     )
     delta_maintenance_interval_s: float = Field(
         600.0,

@@ -1,15 +1,20 @@
 """MERGE one batch into the view's Delta table, idempotent on (app id, batch id).
 
-The MERGE runs in delta-rs, not Spark: a batch's changed rows are a small local
+The MERGE runs in the engine's process, not Spark: a batch's changed rows are a small local
 collection, and a Spark MERGE of a few hundred rows costs seconds of jobs and planning on
-a small machine (it dominated every batch), where delta-rs takes tens of milliseconds.
-The table itself is created by Spark (change data feed on) and read by Spark's
-stream-static joins and by the gateway; both see delta-rs commits like any other.
+a small machine (it dominated every batch). Tables have deletion vectors on
+(engine.maintenance.table_properties): the MERGE marks the rows it replaces in their files
+and writes only the new rows (engine.sinks.dv_merge), so a batch costs the rows it changes.
+A table without them (made before), or a view that deletes by other columns than its key,
+gets delta-rs's MERGE, which rewrites every file a changed key falls in.
+The table is created by Spark (change data feed on) and read by Spark, delta-rs and the
+gateway, which all read deletion vectors.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +25,9 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from engine.sinks.dv_merge import DeletionVectorMerge, supports_deletion_vectors
 from schema.catalog import View
+from schema.delta_read import live_rows
 from schema.storage import commit_batch_id, decode_row, encode_row, key_of, parse_key
 
 DELETED = "_deleted"
@@ -38,6 +45,7 @@ def ensure_table(session: SparkSession, path: str, schema: StructType) -> None:
         .location(path)
         .addColumns(schema)
         .property("delta.enableChangeDataFeed", "true")
+        .property("delta.enableDeletionVectors", "true")
         # A commit per batch: checkpoint often, so that readers (the stream-static joins,
         # the gateway) replay a few JSON commits, not up to the default hundred.
         .property("delta.checkpointInterval", "10")
@@ -58,6 +66,7 @@ class DeltaSink:
         self.app_id = app_id
         self._table: DeltaTable | None = None
         self._source_schema: pa.Schema | None = None
+        self._vectors = DeletionVectorMerge(path, view.key)
 
     def _load(self) -> DeltaTable:
         if self._table is None:
@@ -91,9 +100,7 @@ class DeltaSink:
         step of a commit."""
         if not keys:
             return {}
-        data = self._load().to_pyarrow_dataset().to_table()
-        # Filtered after the scan: delta-rs writes strings as string_view, which pyarrow
-        # cannot compare within a scan (see gateway.delta_store); the scan casts them.
+        data = live_rows(self._load())
         first = self.view.key[0]
         values = pa.array(list({parse_key(self.view, k)[0] for k in keys}),
                           type=data.schema.field(first).type)
@@ -112,8 +119,11 @@ class DeltaSink:
         deleted: Sequence[Mapping[str, Any]],
         delete_on: Sequence[str],
         metadata: Mapping[str, Any],
+        previous: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> bool:
-        """False when the table already holds this batch (a replay).
+        """False when the table already holds this batch (a replay). `previous`: the rows
+        the batch's keys had before it (key_of -> row in Redis's JSON form), for the change
+        data feed's pre-images; keys it lacks are read from the table.
 
         A batch that changes no row is recorded all the same, as a commit holding only its
         transaction: Redis records every batch id, and readers compare the two (a re-warm
@@ -123,10 +133,29 @@ class DeltaSink:
         done = table.transaction_version(self.app_id)
         if done is not None and done >= batch_id:
             return False
+        user_metadata = json.dumps(dict(metadata), default=str)
         commit = CommitProperties(
-            custom_metadata={"userMetadata": json.dumps(dict(metadata), default=str)},
+            custom_metadata={"userMetadata": user_metadata},
             app_transactions=[Transaction(self.app_id, batch_id)],
         )
+        if (rows or deleted) and tuple(delete_on) == tuple(self.view.key) and (
+                supports_deletion_vectors(table)):
+            now = int(time.time() * 1000)
+            header = [
+                {"commitInfo": {"timestamp": now, "operation": "MERGE",
+                                "operationParameters": {"deletionVectors": "true"},
+                                "userMetadata": user_metadata, "clientVersion": "viewgate",
+                                "isBlindAppend": False}},
+                {"txn": {"appId": self.app_id, "version": batch_id, "lastUpdated": now}},
+            ]
+            before = previous or {}
+
+            def previous_row(key: str) -> dict[str, Any] | None:
+                row = before.get(key)
+                return None if row is None else decode_row(encode_row(row), self.view)
+
+            self._vectors.merge(table, rows, deleted, header, previous_row)
+            return True
         if not rows and not deleted:
             table.create_write_transaction([], mode="append", schema=table.schema(),
                                            commit_properties=commit)

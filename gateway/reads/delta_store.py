@@ -21,6 +21,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from gateway.reads.filters import Condition, QueryError
 from schema.catalog import View
+from schema.delta_read import live_rows
 from schema.storage import (
     commit_batch_id,
     delta_app_id,
@@ -149,21 +150,18 @@ class DeltaStore:
             table, generation = (self._at(view, as_of) if as_of is not None
                                  else self._latest(view.name))
             snapshot = self._snapshot(view.name, table, generation)
-            dataset = table.to_pyarrow_dataset()
-        schema = dataset.schema
+            try:
+                data = live_rows(table)
+            except FileNotFoundError:
+                if as_of is None:
+                    raise
+                raise beyond_history(view, as_of) from None  # an old version's files vacuumed
+        schema = data.schema
         expression = _keys_expression(view, keys, schema) if keys is not None else None
         for c in conditions:
             part = _condition_expression(c, schema)
             expression = part if expression is None else expression & part
-        # Filtered after the scan, not pushed into it: the engine's MERGEs run in delta-rs,
-        # which writes strings as string_view, and pyarrow's filter kernels cannot compare
-        # those within a scan (delta-io/delta-rs#4579); the scan casts them to string.
-        try:
-            data = dataset.to_table()
-        except FileNotFoundError:
-            if as_of is None:
-                raise
-            raise beyond_history(view, as_of) from None  # an old version's files vacuumed
+        # Filtered after the read: deletion vectors apply by row position, before any filter.
         if expression is not None:
             data = data.filter(expression)
         rows = [orjson.loads(encode_row(r)) for r in data.to_pylist()]

@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 from engine.runner import start_all
 from schema import demo
 from schema.catalog import Catalog
+from schema.delta_read import live_rows
 from schema.settings import Settings
 from schema.storage import decode_row, delta_table_path, row_key
 from viewgate.demo_events import CUSTOMERS_TOPIC, generate
@@ -86,7 +87,8 @@ def redis_rows(client: redis.Redis, view: str, generation: int = 0) -> dict[str,
 
 
 def delta_frame(settings, view: str, generation: int = 0) -> pd.DataFrame:
-    return DeltaTable(delta_table_path(settings.delta_location, view, generation)).to_pandas()
+    path = delta_table_path(settings.delta_location, view, generation)
+    return live_rows(DeltaTable(path)).to_pandas()
 
 
 def ts(text: str) -> datetime.datetime:

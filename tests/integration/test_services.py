@@ -11,6 +11,8 @@ import redis.asyncio as aioredis
 from confluent_kafka import Consumer, Producer
 from deltalake import DeltaTable
 
+from schema.delta_read import live_rows
+
 pytestmark = pytest.mark.integration
 
 
@@ -76,7 +78,7 @@ def test_spark_streams_kafka_into_delta(spark, settings, unique, tmp_path):
     assert with_spark == expected
 
     # delta-rs reads the same table without a JVM, as the gateway will.
-    arrow = DeltaTable(table).to_pyarrow_table()
+    arrow = live_rows(DeltaTable(table))
     with_delta_rs = set(
         zip(arrow["order_id"].to_pylist(), arrow["amount"].to_pylist(), strict=True)
     )

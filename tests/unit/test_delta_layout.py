@@ -17,6 +17,7 @@ from engine.maintenance import (
 from engine.sinks.delta_sink import DeltaSink
 from schema import demo
 from schema.catalog import Catalog
+from schema.delta_read import live_rows
 from schema.errors import CatalogError
 from schema.storage import delta_app_id
 
@@ -55,7 +56,7 @@ def test_a_merge_rewrites_only_the_files_its_keys_fall_in(tmp_path):
     assert metrics["num_target_files_scanned"] == 1
     assert metrics["num_target_files_removed"] == 1
     assert metrics["num_target_rows_copied"] < 500  # of 10,000 rows
-    table = DeltaTable(path).to_pyarrow_table()
+    table = live_rows(DeltaTable(path))
     tiers = dict(zip(table["customer_id"].to_pylist(), table["tier"].to_pylist(), strict=True))
     assert len(tiers) == 10_000 + 30 - 1
     assert tiers["C009700"] == "platinum" and tiers["C000000"] == "gold"
@@ -73,20 +74,20 @@ def test_maintenance_orders_by_key_and_keeps_history(tmp_path):
         sink.merge(batch, rows, [], VIEW.key, metadata={"batch_id": batch})
     before = DeltaTable(path)
     version_before = before.version()
-    content_before = before.to_pyarrow_table().sort_by("customer_id")
+    content_before = live_rows(before).sort_by("customer_id")
 
     result = maintain(path, VIEW, target_file_bytes=64 * 1024)
 
     table = DeltaTable(path)
     assert result.files_removed >= 8 and result.files_added >= 1
-    assert table.to_pyarrow_table().sort_by("customer_id").equals(content_before)
+    assert live_rows(table).sort_by("customer_id").equals(content_before)
     # Each file now holds a key range no other file overlaps.
     actions = pa.table(table.get_add_actions(flatten=True)).sort_by("min.customer_id")
     lows, highs = actions["min.customer_id"].to_pylist(), actions["max.customer_id"].to_pylist()
     assert all(high < low for high, low in zip(highs, lows[1:], strict=False))
     # Within the view's history (a day) earlier versions still read: asOf keeps working.
     table.load_as_version(version_before)
-    assert table.to_pyarrow_table().num_rows == 4_000
+    assert live_rows(table).num_rows == 4_000
     assert any(p.name.endswith(".checkpoint.parquet")
                for p in (tmp_path / "Customer" / "_delta_log").iterdir())
     # Idempotency records survive maintenance: a replayed batch is still refused.

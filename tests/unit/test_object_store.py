@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from pydantic import SecretStr
 
 from schema.object_store import is_remote, read_text, replace_text, s3_environment, spark_s3_conf
@@ -37,3 +38,15 @@ def test_a_local_file_is_replaced_whole(tmp_path: Path) -> None:
     assert read_text(path) == "2\n"
     assert [p.name for p in (tmp_path / "v").iterdir()] == ["_current"]
     assert is_remote("s3a://bucket/x") and not is_remote(path) and not is_remote(f"file://{path}")
+
+
+def test_a_new_file_is_written_once(tmp_path):
+    from schema.object_store import read_bytes, write_new
+
+    path = str(tmp_path / "_delta_log" / "00000000000000000001.json")
+    write_new(path, b"first")
+    with pytest.raises(FileExistsError):
+        write_new(path, b"second")
+    assert read_bytes(path) == b"first"
+    assert [p.name for p in (tmp_path / "_delta_log").iterdir()] == [
+        "00000000000000000001.json"]  # no temporary file left behind

@@ -33,6 +33,7 @@ from typing import Any
 
 from schema import demo
 from schema.catalog import Catalog
+from schema.delta_read import live_rows
 from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
@@ -264,7 +265,8 @@ def _verify(settings: Settings, generation: int, placed: int, last_batch: int) -
         meta = ViewMeta.from_fields(client.hgetall(meta_key(VIEW)))
     finally:
         client.close()
-    table = DeltaTable(delta_table_path(settings.delta_location, VIEW, generation)).to_pandas()
+    path = delta_table_path(settings.delta_location, VIEW, generation)
+    table = live_rows(DeltaTable(path)).to_pandas()
     in_redis = sum(r["order_count"] for r in rows)
     in_delta = int(table["order_count"].sum())
     problems = []

@@ -1,0 +1,140 @@
+"""Delta deletion vectors: which rows of a data file are deleted, stored beside the table.
+
+A MERGE with deletion vectors marks the old versions of the rows it changes as deleted in
+their files (a bitmap of row positions) and writes only the new rows, so a batch costs the
+rows it changes, not the files they fall in (copy on write rewrites every such file whole).
+delta-rs reads these tables but cannot write deletion vectors yet (delta-io/delta-rs#4512),
+so viewgate writes them itself, in the format of the Delta protocol ("Deletion Vector
+Format"), the same bytes delta-spark writes:
+
+- a file `deletion_vector_<uuid>.bin` in the table's folder: one version byte (1), then per
+  vector its size (int32, big-endian), the vector, and a CRC-32 of the vector (big-endian);
+- a vector: the magic number 1681511377 (int32, little-endian), then a RoaringBitmapArray:
+  the number of 32-bit bitmaps (int64, little-endian), each its high 32 bits (int32,
+  little-endian) and the bitmap in Roaring's portable serialization (pyroaring writes it);
+- the log names a vector by `{storageType: "u", pathOrInlineDv: <Z85 of the uuid>,
+  offset: <where its size field starts>, sizeInBytes, cardinality}`.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyroaring import BitMap
+
+MAGIC = 1681511377
+FORMAT_VERSION = 1
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
+
+
+def z85_encode(data: bytes) -> str:
+    """ZeroMQ's Base85 (the Delta protocol's choice for ids in the log); len(data) % 4 == 0."""
+    if len(data) % 4:
+        raise ValueError("Z85 encodes whole 4-byte words")
+    out = []
+    for (word,) in struct.iter_unpack(">I", data):
+        chars = []
+        for _ in range(5):
+            word, digit = divmod(word, 85)
+            chars.append(_Z85[digit])
+        out.extend(reversed(chars))
+    return "".join(out)
+
+
+def z85_decode(text: str) -> bytes:
+    if len(text) % 5:
+        raise ValueError("Z85 decodes whole 5-character groups")
+    words = []
+    for i in range(0, len(text), 5):
+        word = 0
+        for c in text[i:i + 5]:
+            word = word * 85 + _Z85_VALUE[c]
+        words.append(struct.pack(">I", word))
+    return b"".join(words)
+
+
+def encode_vector(rows: BitMap) -> bytes:
+    """One vector's bytes (magic number and RoaringBitmapArray). Row positions of a data
+    file fit in 32 bits (viewgate's files hold far fewer than 4 billion rows)."""
+    if rows and rows.max() >= 2**32:
+        raise ValueError("row positions beyond 2**32 need more than one 32-bit bitmap")
+    buckets = struct.pack("<qi", 1, 0) + rows.serialize() if rows else struct.pack("<q", 0)
+    return struct.pack("<i", MAGIC) + buckets
+
+
+def decode_vector(data: bytes) -> BitMap:
+    magic, count = struct.unpack_from("<iq", data)
+    if magic != MAGIC:
+        raise ValueError(f"not a deletion vector (magic number {magic})")
+    rows = BitMap()
+    offset = 12
+    for _ in range(count):
+        (high,) = struct.unpack_from("<i", data, offset)
+        bitmap = BitMap.deserialize(data[offset + 4:])
+        if high:
+            raise ValueError("row positions beyond 2**32 are not supported")
+        rows |= bitmap
+        offset += 4 + len(bitmap.serialize())
+    return rows
+
+
+def encode_file(vectors: Sequence[BitMap]) -> tuple[bytes, list[tuple[int, int]]]:
+    """A deletion vector file holding `vectors`, and each one's (offset, sizeInBytes)."""
+    parts = [bytes([FORMAT_VERSION])]
+    places = []
+    offset = 1
+    for rows in vectors:
+        data = encode_vector(rows)
+        parts += [struct.pack(">i", len(data)), data, struct.pack(">I", zlib.crc32(data))]
+        places.append((offset, len(data)))
+        offset += 8 + len(data)
+    return b"".join(parts), places
+
+
+def decode_at(file: bytes, offset: int, size: int) -> BitMap:
+    """The vector stored at `offset` (its size field) of a deletion vector file."""
+    (stored,) = struct.unpack_from(">i", file, offset)
+    data = file[offset + 4:offset + 4 + stored]
+    (checksum,) = struct.unpack_from(">I", file, offset + 4 + stored)
+    if stored != size or zlib.crc32(data) != checksum:
+        raise ValueError("deletion vector damaged (size or checksum does not match)")
+    return decode_vector(data)
+
+
+def new_file_id() -> uuid.UUID:
+    return uuid.uuid4()
+
+
+def file_name(file_id: uuid.UUID) -> str:
+    return f"deletion_vector_{file_id}.bin"
+
+
+def descriptor(encoded_id: str, offset: int, size: int, cardinality: int) -> dict[str, Any]:
+    """The log's description of one vector in the file whose id is `encoded_id`
+    (z85_encode of its uuid; no prefix folder)."""
+    return {"storageType": "u", "pathOrInlineDv": encoded_id,
+            "offset": offset, "sizeInBytes": size, "cardinality": cardinality}
+
+
+def descriptor_file(dv: Mapping[str, Any]) -> str:
+    """The file (relative to the table) a `u` descriptor points at."""
+    if dv["storageType"] != "u":
+        raise ValueError(f"deletion vectors stored as {dv['storageType']!r} are not read here")
+    encoded = dv["pathOrInlineDv"]
+    prefix, id_text = encoded[:-20], encoded[-20:]
+    name = file_name(uuid.UUID(bytes=z85_decode(id_text)))
+    return f"{prefix}/{name}" if prefix else name
+
+
+def unique_id(dv: Mapping[str, Any] | None) -> str | None:
+    """The protocol's id of a vector: a file in the log is (path, this id)."""
+    if not dv:
+        return None
+    offset = dv.get("offset")
+    return f"{dv['storageType']}{dv['pathOrInlineDv']}" + ("" if offset is None else f"@{offset}")

@@ -1,0 +1,255 @@
+"""A batch's MERGE as deletion vectors plus one new file: its cost is the rows it changes.
+
+For a batch of upserted rows and deleted keys, one commit:
+- a new data file with the upserted rows (new keys and new versions of existing ones);
+- for each file holding an old version of a changed or deleted key: the file removed with
+  its old deletion vector and added again with a vector that also marks those rows;
+- the vectors in one deletion vector file; the batch's `txn` (app id, batch id) and its
+  userMetadata, as every engine commit.
+Nothing already written is rewritten. Maintenance (delta-rs OPTIMIZE) later rewrites files
+without their deleted rows; both delta-rs and delta-spark read the vectors in between.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyroaring import BitMap
+
+from engine.sinks import deletion_vectors as dv
+from engine.sinks.delta_log import ActiveFiles, arrow_schema, commit
+from engine.sinks.key_index import KeyIndex, encode_keys
+from schema.object_store import filesystem, read_bytes
+from schema.storage import key_of
+
+_STRING_STATS_MAX = 32  # as delta-spark: longer strings get no min/max here
+
+
+def supports_deletion_vectors(table: DeltaTable) -> bool:
+    return ("deletionVectors" in (table.protocol().reader_features or [])
+            and table.metadata().configuration.get("delta.enableDeletionVectors") == "true")
+
+
+class DeletionVectorMerge:
+    """The MERGE of one table's only writer; keeps the table's files and keys in memory
+    between batches and catches up with commits of others (maintenance) from the log."""
+
+    def __init__(self, root: str, key: Sequence[str]) -> None:
+        self.root = root.rstrip("/")
+        self.key = tuple(key)
+        self.files = ActiveFiles(self.root)
+        self.index = KeyIndex()
+        self.deleted: dict[str, BitMap] = {}  # path -> rows its vector marks
+        self._vector_ids: dict[str, str] = {}  # path -> the id of the vector in `deleted`
+        self._dv_files: dict[str, bytes] = {}
+
+    def merge(self, table: DeltaTable, rows: Sequence[Mapping[str, Any]],
+              deleted: Sequence[Mapping[str, Any]], header: Sequence[Mapping[str, Any]],
+              previous: Callable[[str], Mapping[str, Any] | None] = lambda key: None) -> None:
+        """Commit `rows` (upserts) and `deleted` (key columns) as the next version after
+        `table`'s, with the `header` actions (commitInfo, txn) first. `previous(key)`: the
+        row a key (key_of) had, for the change data feed's pre-images; a key it has none
+        for is read from its file."""
+        self._catch_up(table.version())
+        config = table.metadata().configuration
+        schema = arrow_schema(pa.schema(table.schema().to_arrow()))
+        upserts = pa.Table.from_pylist(list(rows), schema=schema)  # other fields ignored
+        upserts = upserts.sort_by([(c, "ascending") for c in self.key])
+        gone = pa.Table.from_pylist(list(deleted),
+                                    schema=pa.schema([schema.field(c) for c in self.key]))
+        upsert_keys = encode_keys(upserts, self.key)
+        gone_keys = encode_keys(gone, self.key)
+        marked: dict[str, BitMap] = {}
+        live: dict[Any, tuple[str, int]] = {}  # key -> (file, row) of its current version
+        for path, (positions, keys) in self.index.find(
+                np.concatenate([upsert_keys, gone_keys]) if len(gone_keys) else upsert_keys
+        ).items():
+            dead = self.deleted.get(path, BitMap())
+            for position, key in zip(positions.tolist(), keys.tolist(), strict=True):
+                if position not in dead:
+                    marked.setdefault(path, BitMap()).add(position)
+                    live[key] = (path, position)
+
+        now = int(time.time() * 1000)
+        actions: list[dict[str, Any]] = [dict(a) for a in header]
+        new_file = None
+        if upserts.num_rows:
+            new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            actions.append({"add": {**self._write(new_file, upserts), "modificationTime": now,
+                                    "dataChange": True, "stats": _stats(upserts)}})
+        if config.get("delta.enableChangeDataFeed") == "true":
+            changes = self._changes(schema, upserts, upsert_keys, gone, gone_keys, live,
+                                    previous)
+            if changes.num_rows:
+                name = f"_change_data/cdc-{uuid.uuid4()}.c000.snappy.parquet"
+                actions.append({"cdc": {**self._write(name, changes), "dataChange": False}})
+        vectors = {path: self.deleted.get(path, BitMap()) | rows for path, rows in marked.items()}
+        vector_ids: dict[str, str] = {}
+        if vectors:
+            file_id = dv.new_file_id()
+            encoded_id = dv.z85_encode(file_id.bytes)
+            data, places = dv.encode_file(list(vectors.values()))
+            fs, path = filesystem(f"{self.root}/{dv.file_name(file_id)}")
+            with fs.open_output_stream(path) as out:
+                out.write(data)
+            for (path, rows), (offset, size) in zip(vectors.items(), places, strict=True):
+                old = self.files.files[path]
+                descriptor = dv.descriptor(encoded_id, offset, size, len(rows))
+                remove = {"path": path, "deletionTimestamp": now, "dataChange": True,
+                          "extendedFileMetadata": True, "partitionValues": {},
+                          "size": old["size"]}
+                if old.get("deletionVector"):
+                    remove["deletionVector"] = old["deletionVector"]
+                actions.append({"remove": remove})
+                actions.append({"add": {**old, "dataChange": True,
+                                        "stats": _loose(old.get("stats")),
+                                        "deletionVector": descriptor}})
+                vector_ids[path] = dv.unique_id(descriptor)
+        version = self.files.version + 1
+        commit(self.root, version, actions)
+
+        self.files.apply(actions)
+        self.files.version = version
+        self.deleted.update(vectors)
+        self._vector_ids.update(vector_ids)
+        if new_file is not None:
+            self.index.add(new_file, upsert_keys)
+            self.index.settle()
+        checkpoint_interval = int(config.get("delta.checkpointInterval", 100))
+        if version % checkpoint_interval == 0:
+            table.update_incremental()
+            table.create_checkpoint()
+
+    def _write(self, name: str, data: pa.Table) -> dict[str, Any]:
+        """Write a Parquet file into the table's folder: the add (or cdc) action's fields."""
+        fs, path = filesystem(f"{self.root}/{name}")
+        if "/" in name:
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        pq.write_table(data, path, filesystem=fs, compression="snappy")
+        return {"path": name, "partitionValues": {}, "size": fs.get_file_info(path).size}
+
+    def _changes(self, schema: pa.Schema, upserts: pa.Table, upsert_keys: np.ndarray,
+                 gone: pa.Table, gone_keys: np.ndarray, live: Mapping[Any, tuple[str, int]],
+                 previous: Callable[[str], Mapping[str, Any] | None]) -> pa.Table:
+        """The commit's change data: inserts, updates as pre- and post-images, deletes with
+        the deleted row, as Delta's change data feed has them."""
+        updated = [k in live for k in upsert_keys.tolist()]
+        removed = [k for k in gone_keys.tolist() if k in live]
+        old_keys = [k for k, is_update in zip(upsert_keys.tolist(), updated, strict=True)
+                    if is_update] + removed
+        old_names = [key_of(r, self.key) for r in
+                     upserts.filter(pa.array(updated, pa.bool_())).select(self.key).to_pylist()
+                     + gone.filter(pa.array([k in live for k in gone_keys.tolist()],
+                                            pa.bool_())).select(self.key).to_pylist()]
+        olds = self._previous_rows(schema, old_keys, old_names, live, previous)
+        parts = [
+            upserts.append_column("_change_type", pa.array(
+                ["update_postimage" if u else "insert" for u in updated], pa.string())),
+            olds.append_column("_change_type", pa.array(
+                ["update_preimage"] * (len(old_keys) - len(removed)) + ["delete"] * len(removed),
+                pa.string())),
+        ]
+        return pa.concat_tables(parts)
+
+    def _previous_rows(self, schema: pa.Schema, keys: Sequence[Any], names: Sequence[str],
+                       live: Mapping[Any, tuple[str, int]],
+                       previous: Callable[[str], Mapping[str, Any] | None]) -> pa.Table:
+        """The current rows of `keys` (key_of names alike): from `previous` (what Redis
+        held), the others read from their files (Redis lost them: rare)."""
+        rows: list[Mapping[str, Any] | None] = [previous(name) for name in names]
+        unknown: dict[str, list[int]] = {}
+        for i, row in enumerate(rows):
+            if row is None:
+                unknown.setdefault(live[keys[i]][0], []).append(i)
+        for path, indexes in unknown.items():
+            fs, file = filesystem(f"{self.root}/{path}")
+            stored = pq.read_table(file, filesystem=fs, schema=schema).take(
+                [live[keys[i]][1] for i in indexes]).to_pylist()
+            for i, row in zip(indexes, stored, strict=True):
+                rows[i] = row
+        return pa.Table.from_pylist(rows, schema=schema)
+
+    def _catch_up(self, version: int) -> None:
+        """Follow commits others made (maintenance's OPTIMIZE, a metadata change) and learn
+        the keys and deletion vectors of files not seen yet."""
+        if version < self.files.version or self.files.version < 0:
+            self.files.load(version)
+        else:
+            try:
+                self.files.advance(version)
+            except FileNotFoundError:  # log entries cleaned up behind a checkpoint
+                self.files.load(version)
+        live = self.files.files
+        self.index.keep_only(live)
+        for path, add in live.items():
+            if path not in self.index:
+                fs, file = filesystem(f"{self.root}/{path}")
+                keys = pq.read_table(file, columns=list(self.key), filesystem=fs)
+                self.index.add(path, encode_keys(keys, self.key))
+            vector = add.get("deletionVector")
+            if not vector:
+                self.deleted.pop(path, None)
+                self._vector_ids.pop(path, None)
+            elif dv.unique_id(vector) != self._vector_ids.get(path):
+                self.deleted[path] = self._read_vector(vector)
+                self._vector_ids[path] = dv.unique_id(vector)
+        self.index.settle()
+        for gone in [p for p in self.deleted if p not in live]:
+            del self.deleted[gone]
+            self._vector_ids.pop(gone, None)
+
+    def _read_vector(self, vector: Mapping[str, Any]) -> BitMap:
+        name = dv.descriptor_file(vector)
+        data = self._dv_files.get(name)
+        if data is None:
+            data = read_bytes(f"{self.root}/{name}")
+            self._dv_files = {name: data}  # the latest file only: a restart reads each once
+        return dv.decode_at(data, vector["offset"], vector["sizeInBytes"])
+
+
+def _loose(stats: str | None) -> str | None:
+    """A file's statistics once rows of it are deleted: its bounds may no longer be tight."""
+    if not stats or '"tightBounds":false' in stats:
+        return stats
+    parsed = json.loads(stats)
+    parsed["tightBounds"] = False
+    return json.dumps(parsed, separators=(",", ":"))
+
+
+def _stats(data: pa.Table) -> str:
+    """Delta statistics of a new file: rows, nulls, and min/max where they are exact."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in data.column_names:
+        column = data.column(name)
+        kind = column.type
+        if pa.types.is_nested(kind):
+            continue
+        nulls[name] = column.null_count
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                or pa.types.is_string(kind) or pa.types.is_date(kind)):
+            continue
+        bounds = pc.min_max(column)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low is None or high is None:
+            continue
+        if isinstance(low, float) and not (math.isfinite(low) and math.isfinite(high)):
+            continue
+        if isinstance(low, str) and max(len(low), len(high)) > _STRING_STATS_MAX:
+            continue
+        if pa.types.is_date(kind):
+            low, high = low.isoformat(), high.isoformat()
+        mins[name], maxs[name] = low, high
+    return json.dumps({"numRecords": data.num_rows, "minValues": mins, "maxValues": maxs,
+                       "nullCount": nulls, "tightBounds": True}, separators=(",", ":"))

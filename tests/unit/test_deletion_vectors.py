@@ -1,0 +1,205 @@
+"""The engine's MERGE with deletion vectors: a batch writes its new rows and marks the old
+ones, nothing else; every reader sees exactly the rows a plain upsert would leave. Real
+Delta tables (delta-rs reads them back); delta-spark reads them in
+tests/integration/test_deletion_vectors_spark.py."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyroaring import BitMap
+
+from engine.maintenance import compact, configure_table, maintain
+from engine.sinks import deletion_vectors as dv
+from engine.sinks.delta_sink import DeltaSink
+from schema import demo
+from schema.delta_read import live_rows
+from schema.storage import delta_app_id
+
+VIEW = demo.CUSTOMER  # keyed by customer_id
+SCHEMA = pa.schema([("customer_id", pa.string()), ("name", pa.string()),
+                    ("tier", pa.string()), ("country", pa.string())])
+
+
+def test_z85_matches_zeromqs_reference_vector():
+    data = bytes([0x86, 0x4F, 0xD2, 0x6F, 0xB5, 0x59, 0xF7, 0x5B])
+    assert dv.z85_encode(data) == "HelloWorld"
+    assert dv.z85_decode("HelloWorld") == data
+
+
+def test_a_vector_file_round_trips_and_names_its_vectors():
+    vectors = [BitMap([0, 5, 70_000]), BitMap(range(1000, 3000)), BitMap([7])]
+    data, places = dv.encode_file(vectors)
+    assert data[0] == 1 and places[0][0] == 1
+    for rows, (offset, size) in zip(vectors, places, strict=True):
+        assert dv.decode_at(data, offset, size) == rows
+    file_id = uuid.uuid4()
+    descriptor = dv.descriptor(dv.z85_encode(file_id.bytes), *places[1], cardinality=2000)
+    assert dv.descriptor_file(descriptor) == f"deletion_vector_{file_id}.bin"
+    damaged = bytearray(data)
+    damaged[places[1][0] + 10] ^= 0xFF
+    with pytest.raises(ValueError, match="damaged"):
+        dv.decode_at(bytes(damaged), *places[1])
+
+
+def _row(n: int, tier: str) -> dict:
+    return {"customer_id": f"C{n:06d}", "name": f"n{n}", "tier": tier, "country": "NL"}
+
+
+def _table(path: str) -> None:
+    write_deltalake(path, pa.Table.from_pylist([], SCHEMA),
+                    configuration={"delta.enableChangeDataFeed": "true",
+                                   "delta.checkpointInterval": "10"})
+    configure_table(path, VIEW, target_file_bytes=64 * 1024)
+
+
+def _contents(path: str) -> dict[str, str]:
+    data = live_rows(DeltaTable(path))
+    keys = data["customer_id"].to_pylist()
+    assert len(keys) == len(set(keys)), "a key is live twice"
+    return dict(zip(keys, data["tier"].to_pylist(), strict=True))
+
+
+def _parquet_files(path: str) -> set[str]:
+    return {p.name for p in Path(path).glob("*.parquet")}
+
+
+def test_batches_write_their_rows_and_mark_the_old_ones(tmp_path):
+    path = str(tmp_path / "Customer")
+    _table(path)
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    rng = random.Random(5)
+    expected: dict[str, str] = {}
+    batch = 0
+    for step in range(25):
+        new = [_row(n, "gold") for n in range(step * 200, step * 200 + 200)]
+        old = [int(k[1:]) for k in expected]
+        changed = [_row(n, f"t{step}") for n in rng.sample(old, min(60, len(old)))]
+        gone = [{"customer_id": f"C{n:06d}"} for n in rng.sample(old, min(10, len(old)))
+                if f"C{n:06d}" not in {r["customer_id"] for r in changed}]
+        files_before = _parquet_files(path)
+        batch += 1
+        assert sink.merge(batch, new + changed, gone, VIEW.key, metadata={"batch_id": batch})
+        # One new data file a batch: no file that held an old row was rewritten.
+        assert len(_parquet_files(path) - files_before) == 1
+        assert files_before <= _parquet_files(path)
+        for r in new + changed:
+            expected[r["customer_id"]] = r["tier"]
+        for d in gone:
+            expected.pop(d["customer_id"])
+        if step == 12:
+            # Maintenance (delta-rs OPTIMIZE) rewrites the files without their deleted rows;
+            # the sink follows its commit and goes on marking rows in the new files.
+            maintain(path, VIEW, target_file_bytes=64 * 1024)
+            assert _contents(path) == expected
+            assert not any(a.get("deletionVector") for a in _adds(path))
+        if step == 20:
+            # Compaction merges the batches' small files (with their vectors applied).
+            files = len(_adds(path))
+            result = compact(path, target_file_bytes=64 * 1024)
+            assert result.files_removed > result.files_added >= 1
+            assert len(_adds(path)) < files
+            assert _contents(path) == expected
+    assert _contents(path) == expected
+    table = DeltaTable(path)
+    assert table.transaction_version(delta_app_id(VIEW.name, 0)) == batch
+    assert any(a.get("deletionVector") for a in _adds(path))
+    # The log was checkpointed on the way (delta.checkpointInterval: 10).
+    assert (Path(path) / "_delta_log" / "_last_checkpoint").exists()
+
+    # A replay of the last batch changes nothing.
+    assert not sink.merge(batch, [_row(0, "replayed")], [], VIEW.key,
+                          metadata={"batch_id": batch})
+    assert _contents(path) == expected
+
+    # A new sink (a restarted engine) reads the files and vectors back from the log,
+    # its checkpoint included, and goes on.
+    restarted = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    some = sorted(expected)[:30]
+    updated, removed = some[:20], some[20:]
+    # What Redis held before, for half the keys; the others' pre-images come from Delta.
+    previous = {k: {"customer_id": k, "name": "from-redis", "tier": expected[k],
+                    "country": "NL"} for k in some[::2]}
+    before = dict(expected)
+    assert restarted.merge(batch + 1, [_row(int(k[1:]), "after") for k in updated]
+                           + [_row(999_999, "new")], [{"customer_id": k} for k in removed],
+                           VIEW.key, metadata={"batch_id": batch + 1}, previous=previous)
+    for k in updated:
+        expected[k] = "after"
+    for k in removed:
+        expected.pop(k)
+    expected["C999999"] = "new"
+    assert _contents(path) == expected
+    # The change data feed has the batch as Delta's own MERGE writes it: inserts, updates
+    # as pre- and post-images, deletes with the row deleted.
+    version = DeltaTable(path).version()
+    changes = pa.table(DeltaTable(path).load_cdf(starting_version=version))
+    by_type: dict[str, dict[str, dict]] = {}
+    for change in changes.to_pylist():
+        by_type.setdefault(change["_change_type"], {})[change["customer_id"]] = change
+    assert set(by_type) == {"insert", "update_preimage", "update_postimage", "delete"}
+    assert set(by_type["insert"]) == {"C999999"}
+    assert set(by_type["update_postimage"]) == set(by_type["update_preimage"]) == set(updated)
+    assert set(by_type["delete"]) == set(removed)
+    for k, change in {**by_type["update_preimage"], **by_type["delete"]}.items():
+        assert change["tier"] == before[k]
+        assert change["name"] == ("from-redis" if k in previous else f"n{int(k[1:])}")
+    assert restarted.keys_changed_after(batch) == set(some) | {"C999999"}
+    # What the engine reads back for Redis: the live rows of keys, deleted ones absent.
+    rows = restarted.rows(some)
+    assert set(rows) == set(updated) and all(r["tier"] == "after" for r in rows.values())
+
+
+def _adds(path: str) -> list[dict]:
+    from engine.sinks.delta_log import ActiveFiles
+
+    files = ActiveFiles(path)
+    files.load(DeltaTable(path).version())
+    return list(files.files.values())
+
+
+def test_a_table_without_vectors_keeps_copy_on_write(tmp_path):
+    path = str(tmp_path / "Customer")
+    write_deltalake(path, pa.Table.from_pylist([_row(n, "gold") for n in range(100)], SCHEMA))
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    assert sink.merge(1, [_row(5, "platinum")], [{"customer_id": "C000006"}], VIEW.key,
+                      metadata={"batch_id": 1})
+    contents = _contents(path)
+    assert len(contents) == 99 and contents["C000005"] == "platinum"
+    assert not any(a.get("deletionVector") for a in _adds(path))
+
+
+def test_the_key_index_finds_every_position_across_folds():
+    from engine.sinks.key_index import KeyIndex, encode_keys
+
+    index = KeyIndex(fold_at=2)
+    files = {
+        "a": ["k1", "k3", "k5"],
+        "b": ["k2", "k3", "k0"],  # k3 twice: an old row and its replacement
+        "c": ["k9", "a-much-longer-key", "k1"],  # longer than any key of the base
+        "d": ["k7"],
+    }
+    for path, keys in files.items():
+        index.add(path, encode_keys(pa.table({"id": keys}), ["id"]))
+        # Folds after b (into an empty base) and after d (c and d into that base).
+        index.settle()
+    index.add("e", encode_keys(pa.table({"id": ["k3"]}), ["id"]))  # recent, not folded
+    probe = encode_keys(pa.table({"id": ["k3", "k1", "a-much-longer-key", "k7", "nope"]}),
+                        ["id"])
+    def found(probe):
+        return {path: dict(zip(rows.tolist(), keys.tolist(), strict=True))
+                for path, (rows, keys) in index.find(probe).items()}
+
+    assert found(probe) == {"a": {0: b"k1", 1: b"k3"}, "b": {1: b"k3"},
+                            "c": {1: b"a-much-longer-key", 2: b"k1"}, "d": {0: b"k7"},
+                            "e": {0: b"k3"}}
+    index.keep_only(["b", "d", "e"])  # a and c compacted away
+    assert "a" not in index and "b" in index
+    assert found(probe) == {"b": {1: b"k3"}, "d": {0: b"k7"}, "e": {0: b"k3"}}
+    numbers = encode_keys(pa.table({"n": pa.array([5, 3], pa.int32())}), ["n"])
+    assert numbers.dtype.kind == "i"
