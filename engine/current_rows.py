@@ -11,9 +11,10 @@ arrangements: a read costs the rows it returns, however large the view. Over wha
 replaces its stored one, a deleted key's row is gone.
 
 Anything else (another column, a null value, a Redis that lost rows and has not been
-re-warmed yet) is read from the view's Delta table, only the files whose statistics (each
-file's min and max of the column) can hold one of the values: cheap by key (maintenance
-keeps files ordered by key, engine.maintenance), often the whole table by another column.
+re-warmed yet) is read from the view's Delta table through delta-rs's query engine, which
+skips the files whose statistics (each file's min and max of the column) rule the values
+out and applies deletion vectors: cheap by key (maintenance keeps files ordered by key,
+engine.maintenance), often the whole table by another column.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from engine.incremental import json_value
 from schema.catalog import View, graphql_fields
+from schema.delta_read import live_rows
 from schema.redis_client import connect as connect_redis
 from schema.storage import (
     INDEX_SEPARATOR,
@@ -65,38 +66,33 @@ class DeltaRows:
             return []
         delta = self._table(table)
         wanted = {json_value(v) for v in values}
-        files = _files_that_may_hold(delta, column, wanted)
-        if not files:
-            return []
-        root = delta.table_uri.removeprefix("file://").rstrip("/")
         schema = pa.schema(delta.schema().to_arrow())
-        data = pa.concat_tables(
-            [_plain(pq.read_table(f"{root}/{path}", schema=_plain_schema(schema)))
-             for path in files])
+        data = _plain(live_rows(delta, _where(column, schema.field(column).type, wanted)))
         return list(_matching(data, column, wanted))
 
 
-def _files_that_may_hold(table: DeltaTable, column: str, wanted: set[Any]) -> list[str]:
-    """The live files whose [min, max] of `column` contains one of `wanted` (files
-    without statistics for it are always read)."""
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-    low, high = f"min.{column}", f"max.{column}"
-    out = []
-    for action in actions:
-        lo, hi = action.get(low), action.get(high)
-        if _comparable(lo, hi, wanted) and not any(lo <= v <= hi for v in wanted):
+def _where(column: str, kind: pa.DataType, wanted: set[Any]) -> str | None:
+    """A SQL filter that narrows the read to rows that may match (delta-rs's DataFusion
+    skips the files whose statistics rule them out): text values against a text column,
+    numbers against a numeric one; None (read all) for other types. `_matching` decides."""
+    name = '"' + column.replace('"', '""') + '"'
+    texts = pa.types.is_string(kind) or pa.types.is_string_view(kind) or (
+        pa.types.is_large_string(kind))
+    numbers = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+    literals = []
+    for value in wanted:
+        if value is None:
             continue
-        out.append(action["path"])
-    return out
-
-
-def _comparable(low: Any, high: Any, wanted: set[Any]) -> bool:
-    """Whether the statistics can rule a file out: only text against text and numbers
-    against numbers (other types, or missing statistics, read the file)."""
-    for kind in (str, (int, float)):
-        if all(isinstance(v, kind) and not isinstance(v, bool) for v in (low, high, *wanted)):
-            return True
-    return False
+        if texts and isinstance(value, str):
+            literals.append("'" + value.replace("'", "''") + "'")
+        elif numbers and isinstance(value, int | float) and not isinstance(value, bool):
+            literals.append(repr(value))
+        else:
+            return None
+    parts = [f"{name} IN ({', '.join(literals)})"] if literals else []
+    if None in wanted:
+        parts.append(f"{name} IS NULL")
+    return " OR ".join(parts) or None
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:

@@ -7,8 +7,8 @@ older files with deletion vectors (engine.sinks.dv_merge). So:
 - every `delta_maintenance_interval_s` the table is ordered by its key into files of that
   size (delta-rs z-order on the key columns), which drops the deleted rows and their
   vectors and gives each file a narrow key range again; files no version within the
-  view's `history` needs are vacuumed; the log is checkpointed and its entries older than
-  `history` removed.
+  view's `history` needs are vacuumed, and so are change-data files older than it; the log
+  is checkpointed and its entries older than `history` removed.
 
 It runs in the committing thread, between two batches, so it never conflicts with a
 MERGE; the batch after it waits for it (logged, and in
@@ -22,9 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow.fs
 from deltalake import DeltaTable
 
 from schema.catalog import View, parse_duration_ms
+from schema.object_store import filesystem
 
 log = logging.getLogger("viewgate.engine.maintenance")
 
@@ -81,13 +83,29 @@ def maintain(path: str, view: View, target_file_bytes: int) -> MaintenanceResult
     started = time.monotonic()
     table = DeltaTable(path)
     ordered = table.optimize.z_order(list(view.key), target_size=target_file_bytes)
-    vacuumed = table.vacuum(retention_hours=max(1, history_seconds(view) // 3600),
-                            dry_run=False, enforce_retention_duration=False)
+    retention_hours = max(1, history_seconds(view) // 3600)
+    vacuumed = table.vacuum(retention_hours=retention_hours, dry_run=False,
+                            enforce_retention_duration=False)
+    vacuumed += delete_old_change_data(path, retention_hours * 3600)
     table.create_checkpoint()
     table.cleanup_metadata()
     return MaintenanceResult(int(ordered.get("numFilesRemoved", 0)),
                              int(ordered.get("numFilesAdded", 0)), len(vacuumed),
                              time.monotonic() - started)
+
+
+def delete_old_change_data(path: str, retention_s: float) -> list[str]:
+    """Delete change-data files (`_change_data/`) older than the retention. Each belongs to
+    the one commit that wrote it, which the log's cleanup removes after the same retention;
+    delta-rs's VACUUM leaves them, so they would pile up forever."""
+    fs, folder = filesystem(f"{path.rstrip('/')}/_change_data")
+    cutoff = time.time() - retention_s
+    old = [info.path for info in fs.get_file_info(pyarrow.fs.FileSelector(
+        folder, allow_not_found=True)) if info.type == pyarrow.fs.FileType.File
+        and info.mtime is not None and info.mtime.timestamp() < cutoff]
+    for file in old:
+        fs.delete_file(file)
+    return old
 
 
 class MaintenanceSchedule:

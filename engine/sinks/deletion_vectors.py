@@ -1,19 +1,21 @@
-"""Delta deletion vectors: which rows of a data file are deleted, stored beside the table.
+"""Delta deletion vectors: which rows of a data file are deleted.
 
 A MERGE with deletion vectors marks the old versions of the rows it changes as deleted in
 their files (a bitmap of row positions) and writes only the new rows, so a batch costs the
 rows it changes, not the files they fall in (copy on write rewrites every such file whole).
 delta-rs reads these tables but cannot write deletion vectors yet (delta-io/delta-rs#4512),
 so viewgate writes them itself, in the format of the Delta protocol ("Deletion Vector
-Format"), the same bytes delta-spark writes:
+Format"), the bytes delta-spark writes:
 
-- a file `deletion_vector_<uuid>.bin` in the table's folder: one version byte (1), then per
-  vector its size (int32, big-endian), the vector, and a CRC-32 of the vector (big-endian);
 - a vector: the magic number 1681511377 (int32, little-endian), then a RoaringBitmapArray:
   the number of 32-bit bitmaps (int64, little-endian), each its high 32 bits (int32,
   little-endian) and the bitmap in Roaring's portable serialization (pyroaring writes it);
-- the log names a vector by `{storageType: "u", pathOrInlineDv: <Z85 of the uuid>,
-  offset: <where its size field starts>, sizeInBytes, cardinality}`.
+- viewgate stores each vector inline in the log (`storageType: "i"`, the vector's bytes in
+  Z85): the log's cleanup then removes vectors with the versions that used them (delta-rs's
+  VACUUM never deletes vector files), and a reader needs no extra file;
+- delta-spark stores them in files (`storageType: "u"`): `deletion_vector_<uuid>.bin`, one
+  version byte (1), then per vector its size (int32, big-endian), the vector and its CRC-32
+  (big-endian); read here too, for tables Spark changed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import struct
 import uuid
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pyroaring import BitMap
@@ -84,19 +86,6 @@ def decode_vector(data: bytes) -> BitMap:
     return rows
 
 
-def encode_file(vectors: Sequence[BitMap]) -> tuple[bytes, list[tuple[int, int]]]:
-    """A deletion vector file holding `vectors`, and each one's (offset, sizeInBytes)."""
-    parts = [bytes([FORMAT_VERSION])]
-    places = []
-    offset = 1
-    for rows in vectors:
-        data = encode_vector(rows)
-        parts += [struct.pack(">i", len(data)), data, struct.pack(">I", zlib.crc32(data))]
-        places.append((offset, len(data)))
-        offset += 8 + len(data)
-    return b"".join(parts), places
-
-
 def decode_at(file: bytes, offset: int, size: int) -> BitMap:
     """The vector stored at `offset` (its size field) of a deletion vector file."""
     (stored,) = struct.unpack_from(">i", file, offset)
@@ -107,19 +96,16 @@ def decode_at(file: bytes, offset: int, size: int) -> BitMap:
     return decode_vector(data)
 
 
-def new_file_id() -> uuid.UUID:
-    return uuid.uuid4()
+def inline(rows: BitMap) -> dict[str, Any]:
+    """The log's description of a vector stored in it (Z85 needs whole 4-byte words:
+    zero padding, which `sizeInBytes` leaves out)."""
+    data = encode_vector(rows)
+    return {"storageType": "i", "pathOrInlineDv": z85_encode(data + bytes(-len(data) % 4)),
+            "sizeInBytes": len(data), "cardinality": len(rows)}
 
 
-def file_name(file_id: uuid.UUID) -> str:
-    return f"deletion_vector_{file_id}.bin"
-
-
-def descriptor(encoded_id: str, offset: int, size: int, cardinality: int) -> dict[str, Any]:
-    """The log's description of one vector in the file whose id is `encoded_id`
-    (z85_encode of its uuid; no prefix folder)."""
-    return {"storageType": "u", "pathOrInlineDv": encoded_id,
-            "offset": offset, "sizeInBytes": size, "cardinality": cardinality}
+def read_inline(dv: Mapping[str, Any]) -> BitMap:
+    return decode_vector(z85_decode(dv["pathOrInlineDv"])[:dv["sizeInBytes"]])
 
 
 def descriptor_file(dv: Mapping[str, Any]) -> str:
@@ -128,7 +114,7 @@ def descriptor_file(dv: Mapping[str, Any]) -> str:
         raise ValueError(f"deletion vectors stored as {dv['storageType']!r} are not read here")
     encoded = dv["pathOrInlineDv"]
     prefix, id_text = encoded[:-20], encoded[-20:]
-    name = file_name(uuid.UUID(bytes=z85_decode(id_text)))
+    name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(id_text))}.bin"
     return f"{prefix}/{name}" if prefix else name
 
 

@@ -4,8 +4,10 @@ For a batch of upserted rows and deleted keys, one commit:
 - a new data file with the upserted rows (new keys and new versions of existing ones);
 - for each file holding an old version of a changed or deleted key: the file removed with
   its old deletion vector and added again with a vector that also marks those rows;
-- the vectors in one deletion vector file; the batch's `txn` (app id, batch id) and its
-  userMetadata, as every engine commit.
+- the vectors inline in the log (engine.sinks.deletion_vectors); the batch's `txn` (app
+  id, batch id) and its userMetadata, as every engine commit;
+- with the change data feed on, a change-data file: inserts, updates as pre- and
+  post-images, deletes with the deleted row.
 Nothing already written is rewritten. Maintenance (delta-rs OPTIMIZE) later rewrites files
 without their deleted rows; both delta-rs and delta-spark read the vectors in between.
 """
@@ -87,34 +89,25 @@ class DeletionVectorMerge:
             new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
             actions.append({"add": {**self._write(new_file, upserts), "modificationTime": now,
                                     "dataChange": True, "stats": _stats(upserts)}})
-        if config.get("delta.enableChangeDataFeed") == "true":
+        # Only with updates or deletes: readers take an insert-only commit's adds as inserts.
+        if live and config.get("delta.enableChangeDataFeed") == "true":
             changes = self._changes(schema, upserts, upsert_keys, gone, gone_keys, live,
                                     previous)
-            if changes.num_rows:
-                name = f"_change_data/cdc-{uuid.uuid4()}.c000.snappy.parquet"
-                actions.append({"cdc": {**self._write(name, changes), "dataChange": False}})
+            name = f"_change_data/cdc-{uuid.uuid4()}.c000.snappy.parquet"
+            actions.append({"cdc": {**self._write(name, changes), "dataChange": False}})
         vectors = {path: self.deleted.get(path, BitMap()) | rows for path, rows in marked.items()}
         vector_ids: dict[str, str] = {}
-        if vectors:
-            file_id = dv.new_file_id()
-            encoded_id = dv.z85_encode(file_id.bytes)
-            data, places = dv.encode_file(list(vectors.values()))
-            fs, path = filesystem(f"{self.root}/{dv.file_name(file_id)}")
-            with fs.open_output_stream(path) as out:
-                out.write(data)
-            for (path, rows), (offset, size) in zip(vectors.items(), places, strict=True):
-                old = self.files.files[path]
-                descriptor = dv.descriptor(encoded_id, offset, size, len(rows))
-                remove = {"path": path, "deletionTimestamp": now, "dataChange": True,
-                          "extendedFileMetadata": True, "partitionValues": {},
-                          "size": old["size"]}
-                if old.get("deletionVector"):
-                    remove["deletionVector"] = old["deletionVector"]
-                actions.append({"remove": remove})
-                actions.append({"add": {**old, "dataChange": True,
-                                        "stats": _loose(old.get("stats")),
-                                        "deletionVector": descriptor}})
-                vector_ids[path] = dv.unique_id(descriptor)
+        for path, rows in vectors.items():
+            old = self.files.files[path]
+            descriptor = dv.inline(rows)
+            remove = {"path": path, "deletionTimestamp": now, "dataChange": True,
+                      "extendedFileMetadata": True, "partitionValues": {}, "size": old["size"]}
+            if old.get("deletionVector"):
+                remove["deletionVector"] = old["deletionVector"]
+            actions.append({"remove": remove})
+            actions.append({"add": {**old, "dataChange": True, "stats": _loose(old.get("stats")),
+                                    "deletionVector": descriptor}})
+            vector_ids[path] = dv.unique_id(descriptor)
         version = self.files.version + 1
         commit(self.root, version, actions)
 
@@ -209,7 +202,9 @@ class DeletionVectorMerge:
             self._vector_ids.pop(gone, None)
 
     def _read_vector(self, vector: Mapping[str, Any]) -> BitMap:
-        name = dv.descriptor_file(vector)
+        if vector["storageType"] == "i":
+            return dv.read_inline(vector)
+        name = dv.descriptor_file(vector)  # a vector delta-spark wrote
         data = self._dv_files.get(name)
         if data is None:
             data = read_bytes(f"{self.root}/{name}")

@@ -6,7 +6,9 @@ tests/integration/test_deletion_vectors_spark.py."""
 from __future__ import annotations
 
 import random
+import struct
 import uuid
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +20,7 @@ from engine.maintenance import compact, configure_table, maintain
 from engine.sinks import deletion_vectors as dv
 from engine.sinks.delta_sink import DeltaSink
 from schema import demo
-from schema.delta_read import live_rows
+from schema.delta_read import live_row_count, live_rows
 from schema.storage import delta_app_id
 
 VIEW = demo.CUSTOMER  # keyed by customer_id
@@ -32,15 +34,28 @@ def test_z85_matches_zeromqs_reference_vector():
     assert dv.z85_decode("HelloWorld") == data
 
 
-def test_a_vector_file_round_trips_and_names_its_vectors():
-    vectors = [BitMap([0, 5, 70_000]), BitMap(range(1000, 3000)), BitMap([7])]
-    data, places = dv.encode_file(vectors)
-    assert data[0] == 1 and places[0][0] == 1
-    for rows, (offset, size) in zip(vectors, places, strict=True):
-        assert dv.decode_at(data, offset, size) == rows
+def test_a_vector_round_trips_inline():
+    for rows in (BitMap([0, 5, 70_000]), BitMap(range(1000, 3000)), BitMap([7])):
+        descriptor = dv.inline(rows)
+        assert descriptor["storageType"] == "i" and descriptor["cardinality"] == len(rows)
+        assert len(descriptor["pathOrInlineDv"]) % 5 == 0  # whole Z85 groups
+        assert dv.read_inline(descriptor) == rows
+
+
+def test_a_vector_file_of_delta_spark_is_read():
+    """Spark's layout: a version byte, then per vector size, bytes and CRC-32 (big-endian)."""
+    first, second = dv.encode_vector(BitMap([1, 2])), dv.encode_vector(BitMap([9]))
+    data = bytes([1])
+    places = []
+    for vector in (first, second):
+        places.append((len(data), len(vector)))
+        data += struct.pack(">i", len(vector)) + vector + struct.pack(">I", zlib.crc32(vector))
+    assert dv.decode_at(data, *places[1]) == BitMap([9])
+    assert dv.decode_at(data, *places[0]) == BitMap([1, 2])
     file_id = uuid.uuid4()
-    descriptor = dv.descriptor(dv.z85_encode(file_id.bytes), *places[1], cardinality=2000)
-    assert dv.descriptor_file(descriptor) == f"deletion_vector_{file_id}.bin"
+    descriptor = {"storageType": "u", "pathOrInlineDv": "ab" + dv.z85_encode(file_id.bytes),
+                  "offset": places[1][0], "sizeInBytes": places[1][1], "cardinality": 1}
+    assert dv.descriptor_file(descriptor) == f"ab/deletion_vector_{file_id}.bin"
     damaged = bytearray(data)
     damaged[places[1][0] + 10] ^= 0xFF
     with pytest.raises(ValueError, match="damaged"):
@@ -62,6 +77,7 @@ def _contents(path: str) -> dict[str, str]:
     data = live_rows(DeltaTable(path))
     keys = data["customer_id"].to_pylist()
     assert len(keys) == len(set(keys)), "a key is live twice"
+    assert live_row_count(DeltaTable(path)) == len(keys)
     return dict(zip(keys, data["tier"].to_pylist(), strict=True))
 
 

@@ -5,6 +5,9 @@ no Spark."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
@@ -131,3 +134,23 @@ def test_maintenance_schedule():
     now[0] = 219.0
     assert not schedule.due()
     assert not MaintenanceSchedule(0.0, clock=lambda: 1e9).due()
+
+
+def test_maintenance_deletes_change_data_older_than_the_history(tmp_path):
+    path = str(tmp_path / "Customer")
+    write_deltalake(path, pa.Table.from_pylist([], SCHEMA),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    configure_table(path, VIEW, target_file_bytes=64 * 1024)
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    for batch in range(1, 4):
+        sink.merge(batch, _rows(0, 100, tier=f"t{batch}"), [], VIEW.key,
+                   metadata={"batch_id": batch})
+    change_data = sorted((tmp_path / "Customer" / "_change_data").iterdir())
+    assert len(change_data) == 2  # the first batch only inserted: no change-data file
+    old = change_data[0]
+    day_and_a_minute_ago = time.time() - 86_400 - 60  # the view's history is a day
+    os.utime(old, (day_and_a_minute_ago, day_and_a_minute_ago))
+
+    maintain(path, VIEW, target_file_bytes=64 * 1024)
+
+    assert sorted((tmp_path / "Customer" / "_change_data").iterdir()) == change_data[1:]

@@ -10,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import redis
 from deltalake import DeltaTable
 
 from schema.catalog import Catalog
+from schema.delta_read import live_row_count
 from schema.settings import Settings
 from schema.storage import ViewMeta, delta_table_path, meta_key
 
@@ -43,10 +43,7 @@ def _delta_rows(settings: Settings, view: str) -> int:
         table = DeltaTable(delta_table_path(settings.delta_location, view, 0))
     except Exception:  # noqa: BLE001 - not created yet
         return 0
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if "num_records" not in actions.column_names:
-        return 0
-    return int(pa.compute.sum(actions["num_records"]).as_py() or 0)
+    return live_row_count(table)  # not the files' statistics: they count deleted rows too
 
 
 def sample(settings: Settings, catalog: Catalog, client: redis.Redis) -> dict[str, float]:
