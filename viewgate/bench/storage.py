@@ -96,10 +96,12 @@ class _Table:
         self.batch = 0
         self.written_mb: list[float] = []  # bytes each demo batch added on disk
 
-    def merge(self, rows: list[dict[str, Any]], deleted: list[dict[str, Any]]) -> float:
+    def merge(self, rows: list[dict[str, Any]], deleted: list[dict[str, Any]],
+              previous: dict[str, dict[str, Any]] | None = None) -> float:
         self.batch += 1
         started = time.perf_counter()
-        self.sink.merge(self.batch, rows, deleted, VIEW.key, metadata={"batch_id": self.batch})
+        self.sink.merge(self.batch, rows, deleted, VIEW.key, metadata={"batch_id": self.batch},
+                        previous=previous)
         return (time.perf_counter() - started) * 1000
 
     def grow_to(self, rows: int, rng: random.Random) -> None:
@@ -120,8 +122,15 @@ class _Table:
         deleted = [{"order_id": f"O{n:09d}"}
                    for n in set(rng.sample(older, OLD)) - recent - spread]
         self.rows += NEW
+        # The rows' previous values, as the engine hands them over from Redis (it read them
+        # for the change events): the change data's pre-images. Here rows of the same shape
+        # in Redis's JSON form; their values are not checked.
+        previous = {r["order_id"]: {**r, "status": "placed", "ts": r["ts"].isoformat() + "Z"}
+                    for r in updated}
+        previous |= {d["order_id"]: {**_order(rng, int(d["order_id"][1:])),
+                                     "ts": "2026-01-01T00:00:00Z"} for d in deleted}
         before = _bytes_on_disk(self.path)
-        ms = self.merge(new + updated, deleted)
+        ms = self.merge(new + updated, deleted, previous)
         self.written_mb.append((_bytes_on_disk(self.path) - before) / 1e6)
         return ms
 
