@@ -100,8 +100,11 @@ class DeletionVectorMerge:
         for path, rows in vectors.items():
             old = self.files.files[path]
             descriptor = dv.inline(rows)
-            remove = {"path": path, "deletionTimestamp": now, "dataChange": True,
-                      "extendedFileMetadata": True, "partitionValues": {}, "size": old["size"]}
+            # No deletionTimestamp (optional in the protocol): the file is not deleted, only
+            # its old vector is, so nothing must keep this tombstone; log checkpoints drop it
+            # at once instead of carrying one a touched file a batch for the whole history.
+            remove = {"path": path, "dataChange": True, "extendedFileMetadata": True,
+                      "partitionValues": {}, "size": old["size"]}
             if old.get("deletionVector"):
                 remove["deletionVector"] = old["deletionVector"]
             actions.append({"remove": remove})
