@@ -71,16 +71,8 @@ class DeletionVectorMerge:
                                     schema=pa.schema([schema.field(c) for c in self.key]))
         upsert_keys = encode_keys(upserts, self.key)
         gone_keys = encode_keys(gone, self.key)
-        marked: dict[str, BitMap] = {}
-        live: dict[Any, tuple[str, int]] = {}  # key -> (file, row) of its current version
-        for path, (positions, keys) in self.index.find(
-                np.concatenate([upsert_keys, gone_keys]) if len(gone_keys) else upsert_keys
-        ).items():
-            dead = self.deleted.get(path, BitMap())
-            for position, key in zip(positions.tolist(), keys.tolist(), strict=True):
-                if position not in dead:
-                    marked.setdefault(path, BitMap()).add(position)
-                    live[key] = (path, position)
+        marked, live = self._locate(
+            np.concatenate([upsert_keys, gone_keys]) if len(gone_keys) else upsert_keys)
 
         now = int(time.time() * 1000)
         actions: list[dict[str, Any]] = [dict(a) for a in header]
@@ -96,10 +88,43 @@ class DeletionVectorMerge:
             name = f"_change_data/cdc-{uuid.uuid4()}.c000.snappy.parquet"
             actions.append({"cdc": {**self._write(name, changes), "dataChange": False}})
         vectors = {path: self.deleted.get(path, BitMap()) | rows for path, rows in marked.items()}
-        vector_ids: dict[str, str] = {}
+        actions += self._mark(vectors)
+        version = self.files.version + 1
+        commit(self.root, version, actions)
+
+        self.files.apply(actions)
+        self.files.version = version
+        self.deleted.update(vectors)
+        self._vector_ids.update({path: dv.unique_id(self.files.files[path]["deletionVector"])
+                                 for path in vectors})
+        if new_file is not None:
+            self.index.add(new_file, upsert_keys)
+            self.index.settle()
+        checkpoint_interval = int(config.get("delta.checkpointInterval", 100))
+        if version % checkpoint_interval == 0:
+            table.update_incremental()
+            table.create_checkpoint()
+
+    def _locate(self, keys: np.ndarray
+                ) -> tuple[dict[str, BitMap], dict[Any, tuple[str, int]]]:
+        """Where the current versions of `keys` are: the rows to mark per file, and each
+        found key's (file, row)."""
+        marked: dict[str, BitMap] = {}
+        live: dict[Any, tuple[str, int]] = {}
+        for path, (positions, found) in self.index.find(keys).items():
+            dead = self.deleted.get(path, BitMap())
+            for position, key in zip(positions.tolist(), found.tolist(), strict=True):
+                if position not in dead:
+                    marked.setdefault(path, BitMap()).add(position)
+                    live[key] = (path, position)
+        return marked, live
+
+    def _mark(self, vectors: Mapping[str, BitMap]) -> list[dict[str, Any]]:
+        """The actions that give each file its new deletion vector: the file removed with
+        its old vector, added again with the new one (inline, engine.sinks.deletion_vectors)."""
+        actions: list[dict[str, Any]] = []
         for path, rows in vectors.items():
             old = self.files.files[path]
-            descriptor = dv.inline(rows)
             # No deletionTimestamp (optional in the protocol): the file is not deleted, only
             # its old vector is, so nothing must keep this tombstone; log checkpoints drop it
             # at once instead of carrying one a touched file a batch for the whole history.
@@ -109,22 +134,8 @@ class DeletionVectorMerge:
                 remove["deletionVector"] = old["deletionVector"]
             actions.append({"remove": remove})
             actions.append({"add": {**old, "dataChange": True, "stats": _loose(old.get("stats")),
-                                    "deletionVector": descriptor}})
-            vector_ids[path] = dv.unique_id(descriptor)
-        version = self.files.version + 1
-        commit(self.root, version, actions)
-
-        self.files.apply(actions)
-        self.files.version = version
-        self.deleted.update(vectors)
-        self._vector_ids.update(vector_ids)
-        if new_file is not None:
-            self.index.add(new_file, upsert_keys)
-            self.index.settle()
-        checkpoint_interval = int(config.get("delta.checkpointInterval", 100))
-        if version % checkpoint_interval == 0:
-            table.update_incremental()
-            table.create_checkpoint()
+                                    "deletionVector": dv.inline(rows)}})
+        return actions
 
     def _write(self, name: str, data: pa.Table) -> dict[str, Any]:
         """Write a Parquet file into the table's folder: the add (or cdc) action's fields."""
