@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 
 from engine.incremental import json_value
 from schema.catalog import View, graphql_fields
-from schema.delta_read import live_rows
+from schema.delta_read import live_rows, values_filter
 from schema.redis_client import connect as connect_redis
 from schema.storage import (
     INDEX_SEPARATOR,
@@ -67,32 +67,8 @@ class DeltaRows:
         delta = self._table(table)
         wanted = {json_value(v) for v in values}
         schema = pa.schema(delta.schema().to_arrow())
-        data = _plain(live_rows(delta, _where(column, schema.field(column).type, wanted)))
+        data = _plain(live_rows(delta, values_filter(column, schema.field(column).type, wanted)))
         return list(_matching(data, column, wanted))
-
-
-def _where(column: str, kind: pa.DataType, wanted: set[Any]) -> str | None:
-    """A SQL filter that narrows the read to rows that may match (delta-rs's DataFusion
-    skips the files whose statistics rule them out): text values against a text column,
-    numbers against a numeric one; None (read all) for other types. `_matching` decides."""
-    name = '"' + column.replace('"', '""') + '"'
-    texts = pa.types.is_string(kind) or pa.types.is_string_view(kind) or (
-        pa.types.is_large_string(kind))
-    numbers = pa.types.is_integer(kind) or pa.types.is_floating(kind)
-    literals = []
-    for value in wanted:
-        if value is None:
-            continue
-        if texts and isinstance(value, str):
-            literals.append("'" + value.replace("'", "''") + "'")
-        elif numbers and isinstance(value, int | float) and not isinstance(value, bool):
-            literals.append(repr(value))
-        else:
-            return None
-    parts = [f"{name} IN ({', '.join(literals)})"] if literals else []
-    if None in wanted:
-        parts.append(f"{name} IS NULL")
-    return " OR ".join(parts) or None
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:

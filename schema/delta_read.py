@@ -7,6 +7,9 @@ gateway (fallback reads, `asOf`) and the engine (dimensions, rows Redis missed).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
@@ -39,3 +42,29 @@ def live_row_count(table: DeltaTable) -> int:
     """The number of live rows (file statistics count rows their deletion vectors mark)."""
     reader = QueryBuilder().register("t", table).execute("SELECT count(*) AS n FROM t")
     return int(pa.table(reader.read_all()).column("n")[0].as_py())
+
+
+def values_filter(column: str, kind: pa.DataType, values: Iterable[Any]) -> str | None:
+    """A SQL condition for `live_rows` that narrows a read to the rows whose `column` is
+    one of `values` (None: is null), so that delta-rs skips the files whose statistics
+    rule them out: text values against a text column, numbers against a numeric one. None
+    (read everything) for other types; callers check the rows they get either way."""
+    name = '"' + column.replace('"', '""') + '"'
+    texts = pa.types.is_string(kind) or pa.types.is_string_view(kind) or (
+        pa.types.is_large_string(kind))
+    numbers = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+    literals = []
+    nulls = False
+    for value in values:
+        if value is None:
+            nulls = True
+        elif texts and isinstance(value, str):
+            literals.append("'" + value.replace("'", "''") + "'")
+        elif numbers and isinstance(value, int | float) and not isinstance(value, bool):
+            literals.append(repr(value))
+        else:
+            return None
+    parts = [f"{name} IN ({', '.join(literals)})"] if literals else []
+    if nulls:
+        parts.append(f"{name} IS NULL")
+    return " OR ".join(parts) or None

@@ -21,7 +21,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from gateway.reads.filters import Condition, QueryError
 from schema.catalog import View
-from schema.delta_read import live_rows
+from schema.delta_read import live_rows, values_filter
 from schema.storage import (
     commit_batch_id,
     delta_app_id,
@@ -150,8 +150,12 @@ class DeltaStore:
             table, generation = (self._at(view, as_of) if as_of is not None
                                  else self._latest(view.name))
             snapshot = self._snapshot(view.name, table, generation)
+            where = None
+            if keys is not None and len(view.key) == 1:  # pushed down: files pruned
+                kind = pa.schema(table.schema().to_arrow()).field(view.key[0]).type
+                where = values_filter(view.key[0], kind, [parse_key(view, k)[0] for k in keys])
             try:
-                data = live_rows(table)
+                data = live_rows(table, where)
             except FileNotFoundError:
                 if as_of is None:
                     raise

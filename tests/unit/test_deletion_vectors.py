@@ -228,3 +228,24 @@ def test_the_key_index_finds_every_position_across_folds():
     assert found(probe) == {"b": {1: b"k3"}, "d": {0: b"k7"}, "e": {0: b"k3"}}
     numbers = encode_keys(pa.table({"n": pa.array([5, 3], pa.int32())}), ["n"])
     assert numbers.dtype.kind == "i"
+
+
+def test_a_read_by_values_applies_vectors_and_quotes_its_values(tmp_path):
+    from schema.delta_read import values_filter
+
+    path = str(tmp_path / "Customer")
+    _table(path)
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    quoted = {**_row(1, "gold"), "customer_id": "O'Brien"}
+    sink.merge(1, [_row(0, "gold"), quoted, _row(2, "gold")], [], VIEW.key,
+               metadata={"batch_id": 1})
+    sink.merge(2, [_row(0, "platinum")], [{"customer_id": "C000002"}], VIEW.key,
+               metadata={"batch_id": 2})
+    where = values_filter("customer_id", pa.string(), ["C000000", "O'Brien", "C000002"])
+    assert where == "\"customer_id\" IN ('C000000', 'O''Brien', 'C000002')"
+    rows = live_rows(DeltaTable(path), where).to_pylist()
+    assert sorted((r["customer_id"], r["tier"]) for r in rows) == [
+        ("C000000", "platinum"), ("O'Brien", "gold")]  # the old C000000 and C000002 marked
+    assert values_filter("n", pa.int64(), [3, None]) == '"n" IN (3) OR "n" IS NULL'
+    assert values_filter("n", pa.int64(), ["3"]) is None  # text against a number: read all
+    assert values_filter("t", pa.timestamp("us"), ["2026-01-01T00:00:00Z"]) is None
