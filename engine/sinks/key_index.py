@@ -3,8 +3,8 @@
 A MERGE with deletion vectors must name the row positions of the keys it replaces or
 deletes. Reading the key column of every file per batch would cost the table's size again,
 so each file's keys are read once (when the writer first sees the file; files never change)
-and kept sorted in NumPy, the key's bytes and 8 more a row; a batch's lookup is a binary search per
-file whose key range holds any of the batch's keys.
+and kept sorted in NumPy, the key's bytes and 8 more a row (KeyIndex: a batch's lookup is
+a binary search in one array for most files and one per file added since).
 """
 
 from __future__ import annotations
