@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from schema.delta_read import live_rows
+from schema.delta_read import live_row_count, live_rows
 from schema.settings import Settings
 from schema.storage import delta_table_path, read_current_generation
 
@@ -48,17 +47,9 @@ class Dimensions:
         cached = self._snapshots.get(name)
         if cached is not None and cached.path == path and cached.version == version:
             return cached.frame
-        if _row_count(table) > self.settings.dimension_local_max_rows:
+        if live_row_count(table) > self.settings.dimension_local_max_rows:
             frame = session.read.format("delta").option("versionAsOf", version).load(path)
         else:
             frame = session.createDataFrame(live_rows(table))
         self._snapshots[name] = _Snapshot(path, version, frame)
         return frame
-
-
-def _row_count(table: DeltaTable) -> int:
-    """Rows in the snapshot, from the per-file statistics (no data read)."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if "num_records" not in actions.column_names:
-        return 0 if actions.num_rows == 0 else 2**62  # no statistics: assume large
-    return int(pa.compute.sum(actions["num_records"]).as_py() or 0)

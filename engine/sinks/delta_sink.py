@@ -19,7 +19,6 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql import SparkSession
@@ -27,7 +26,7 @@ from pyspark.sql.types import StructType
 
 from engine.sinks.dv_merge import DeletionVectorMerge, supports_deletion_vectors
 from schema.catalog import View
-from schema.delta_read import live_rows
+from schema.delta_read import live_rows, values_filter
 from schema.storage import commit_batch_id, decode_row, encode_row, key_of, parse_key
 
 DELETED = "_deleted"
@@ -100,13 +99,16 @@ class DeltaSink:
         step of a commit."""
         if not keys:
             return {}
-        data = live_rows(self._load())
+        table = self._load()
         first = self.view.key[0]
-        values = pa.array(list({parse_key(self.view, k)[0] for k in keys}),
-                          type=data.schema.field(first).type)
+        kind = pa.schema(table.schema().to_arrow()).field(first).type
+        # By the first key column, pushed into the read (files pruned by their statistics);
+        # the whole key is checked below.
+        data = live_rows(table, values_filter(first, kind,
+                                              {parse_key(self.view, k)[0] for k in keys}))
         wanted = set(keys)
         found = {}
-        for row in data.filter(pc.field(first).isin(values)).to_pylist():
+        for row in data.to_pylist():
             key = key_of(row, self.view.key)
             if key in wanted:
                 found[key] = decode_row(encode_row(row))
