@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 
 from engine.incremental import json_value
 from schema.catalog import View, graphql_fields
-from schema.delta_read import live_rows, values_filter
+from schema.delta_read import live_rows, plain_schema, values_filter
 from schema.redis_client import connect as connect_redis
 from schema.storage import (
     INDEX_SEPARATOR,
@@ -66,20 +66,9 @@ class DeltaRows:
             return []
         delta = self._table(table)
         wanted = {json_value(v) for v in values}
-        schema = pa.schema(delta.schema().to_arrow())
-        data = _plain(live_rows(delta, values_filter(column, schema.field(column).type, wanted)))
+        kind = plain_schema(delta).field(column).type
+        data = live_rows(delta, values_filter(column, kind, wanted))
         return list(_matching(data, column, wanted))
-
-
-def _plain_schema(schema: pa.Schema) -> pa.Schema:
-    """delta-rs writes strings as string_view, which pyarrow's kernels cannot compare."""
-    return pa.schema([pa.field(f.name, pa.string(), f.nullable)
-                      if f.type in (pa.string_view(), pa.large_string()) else f
-                      for f in schema])
-
-
-def _plain(data: pa.Table) -> pa.Table:
-    return data.cast(_plain_schema(data.schema))
 
 
 def _matching(data: pa.Table, column: str, wanted: set[Any]) -> Iterable[Row]:

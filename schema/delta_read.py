@@ -32,10 +32,18 @@ def live_rows(table: DeltaTable, where: str | None = None) -> pa.Table:
 def plain_strings(data: pa.Table) -> pa.Table:
     """delta-rs reads strings as string_view, which pyarrow's compute kernels and Spark's
     Arrow conversion do not take everywhere."""
-    fields = [pa.field(f.name, pa.string(), f.nullable)
-              if f.type in (pa.string_view(), pa.large_string()) else f
-              for f in data.schema]
-    return data.cast(pa.schema(fields))
+    return data.cast(_plain(data.schema))
+
+
+def plain_schema(table: DeltaTable) -> pa.Schema:
+    """The table's columns as Arrow types, strings as plain strings (what Parquet stores)."""
+    return _plain(pa.schema(table.schema().to_arrow()))
+
+
+def _plain(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, pa.string(), f.nullable)
+                      if f.type in (pa.string_view(), pa.large_string()) else f
+                      for f in schema])
 
 
 def live_row_count(table: DeltaTable) -> int:
@@ -50,8 +58,7 @@ def values_filter(column: str, kind: pa.DataType, values: Iterable[Any]) -> str 
     rule them out: text values against a text column, numbers against a numeric one. None
     (read everything) for other types; callers check the rows they get either way."""
     name = '"' + column.replace('"', '""') + '"'
-    texts = pa.types.is_string(kind) or pa.types.is_string_view(kind) or (
-        pa.types.is_large_string(kind))
+    texts = pa.types.is_string(kind)  # plain_schema's types: no string_view here
     numbers = pa.types.is_integer(kind) or pa.types.is_floating(kind)
     literals = []
     nulls = False

@@ -12,7 +12,6 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.sinks.deletion_vectors import unique_id
@@ -98,10 +97,3 @@ def commit(root: str, version: int, actions: Iterable[Mapping[str, Any]]) -> Non
     """Write version `version` of the log; FileExistsError if another writer took it."""
     body = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n"
     write_new(log_entry(root, version), body.encode())
-
-
-def arrow_schema(table_schema: pa.Schema) -> pa.Schema:
-    """The schema data files are written in: delta-rs reads strings as string_view, which
-    Parquet stores as plain strings anyway."""
-    return pa.schema([f.with_type(pa.string()) if f.type in (pa.string_view(), pa.large_string())
-                      else f for f in table_schema])

@@ -26,7 +26,7 @@ from pyspark.sql.types import StructType
 
 from engine.sinks.dv_merge import DeletionVectorMerge, supports_deletion_vectors
 from schema.catalog import View
-from schema.delta_read import live_rows, values_filter
+from schema.delta_read import live_rows, plain_schema, values_filter
 from schema.storage import commit_batch_id, decode_row, encode_row, key_of, parse_key
 
 DELETED = "_deleted"
@@ -101,7 +101,7 @@ class DeltaSink:
             return {}
         table = self._load()
         first = self.view.key[0]
-        kind = pa.schema(table.schema().to_arrow()).field(first).type
+        kind = plain_schema(table).field(first).type
         # By the first key column, pushed into the read (files pruned by their statistics);
         # the whole key is checked below.
         data = live_rows(table, values_filter(first, kind,

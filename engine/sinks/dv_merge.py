@@ -29,8 +29,9 @@ from deltalake import DeltaTable
 from pyroaring import BitMap
 
 from engine.sinks import deletion_vectors as dv
-from engine.sinks.delta_log import ActiveFiles, arrow_schema, commit
+from engine.sinks.delta_log import ActiveFiles, commit
 from engine.sinks.key_index import KeyIndex, encode_keys
+from schema.delta_read import plain_schema
 from schema.object_store import filesystem, read_bytes
 from schema.storage import key_of
 
@@ -51,8 +52,8 @@ class DeletionVectorMerge:
         self.key = tuple(key)
         self.files = ActiveFiles(self.root)
         self.index = KeyIndex()
-        self.deleted: dict[str, BitMap] = {}  # path -> rows its vector marks
-        self._vector_ids: dict[str, str] = {}  # path -> the id of the vector in `deleted`
+        # path -> (its vector's id, the rows the vector marks), for files with a vector
+        self._vectors: dict[str, tuple[str, BitMap]] = {}
         self._dv_files: dict[str, bytes] = {}
 
     def merge(self, table: DeltaTable, rows: Sequence[Mapping[str, Any]],
@@ -64,7 +65,7 @@ class DeletionVectorMerge:
         for is read from its file."""
         self._catch_up(table.version())
         config = table.metadata().configuration
-        schema = arrow_schema(pa.schema(table.schema().to_arrow()))
+        schema = plain_schema(table)
         upserts = pa.Table.from_pylist(list(rows), schema=schema)  # other fields ignored
         upserts = upserts.sort_by([(c, "ascending") for c in self.key])
         gone = pa.Table.from_pylist(list(deleted),
@@ -87,16 +88,16 @@ class DeletionVectorMerge:
                                     previous)
             name = f"_change_data/cdc-{uuid.uuid4()}.c000.snappy.parquet"
             actions.append({"cdc": {**self._write(name, changes), "dataChange": False}})
-        vectors = {path: self.deleted.get(path, BitMap()) | rows for path, rows in marked.items()}
+        vectors = {path: self._deleted(path) | rows for path, rows in marked.items()}
         actions += self._mark(vectors)
         version = self.files.version + 1
         commit(self.root, version, actions)
 
         self.files.apply(actions)
         self.files.version = version
-        self.deleted.update(vectors)
-        self._vector_ids.update({path: dv.unique_id(self.files.files[path]["deletionVector"])
-                                 for path in vectors})
+        self._vectors.update(
+            {path: (dv.unique_id(self.files.files[path]["deletionVector"]), rows)
+             for path, rows in vectors.items()})
         if new_file is not None:
             self.index.add(new_file, upsert_keys)
             self.index.settle()
@@ -112,7 +113,7 @@ class DeletionVectorMerge:
         marked: dict[str, BitMap] = {}
         live: dict[Any, tuple[str, int]] = {}
         for path, (positions, found) in self.index.find(keys).items():
-            dead = self.deleted.get(path, BitMap())
+            dead = self._deleted(path)
             for position, key in zip(positions.tolist(), found.tolist(), strict=True):
                 if position not in dead:
                     marked.setdefault(path, BitMap()).add(position)
@@ -186,9 +187,16 @@ class DeletionVectorMerge:
                 rows[i] = row
         return pa.Table.from_pylist(rows, schema=schema)
 
+    def _deleted(self, path: str) -> BitMap:
+        entry = self._vectors.get(path)
+        return entry[1] if entry is not None else BitMap()
+
     def _catch_up(self, version: int) -> None:
         """Follow commits others made (maintenance's OPTIMIZE, a metadata change) and learn
-        the keys and deletion vectors of files not seen yet."""
+        the keys and deletion vectors of files not seen yet. The writer's own commits are
+        applied as it makes them: with none from others, nothing to do."""
+        if version == self.files.version:
+            return
         if version < self.files.version or self.files.version < 0:
             self.files.load(version)
         else:
@@ -204,16 +212,13 @@ class DeletionVectorMerge:
                 keys = pq.read_table(file, columns=list(self.key), filesystem=fs)
                 self.index.add(path, encode_keys(keys, self.key))
             vector = add.get("deletionVector")
+            known = self._vectors.get(path)
             if not vector:
-                self.deleted.pop(path, None)
-                self._vector_ids.pop(path, None)
-            elif dv.unique_id(vector) != self._vector_ids.get(path):
-                self.deleted[path] = self._read_vector(vector)
-                self._vector_ids[path] = dv.unique_id(vector)
+                self._vectors.pop(path, None)
+            elif known is None or known[0] != dv.unique_id(vector):
+                self._vectors[path] = (dv.unique_id(vector), self._read_vector(vector))
         self.index.settle()
-        for gone in [p for p in self.deleted if p not in live]:
-            del self.deleted[gone]
-            self._vector_ids.pop(gone, None)
+        self._vectors = {p: v for p, v in self._vectors.items() if p in live}
 
     def _read_vector(self, vector: Mapping[str, Any]) -> BitMap:
         if vector["storageType"] == "i":

@@ -21,7 +21,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from gateway.reads.filters import Condition, QueryError
 from schema.catalog import View
-from schema.delta_read import live_rows, values_filter
+from schema.delta_read import live_rows, plain_schema, values_filter
 from schema.storage import (
     commit_batch_id,
     delta_app_id,
@@ -152,7 +152,7 @@ class DeltaStore:
             snapshot = self._snapshot(view.name, table, generation)
             where = None
             if keys is not None and len(view.key) == 1:  # pushed down: files pruned
-                kind = pa.schema(table.schema().to_arrow()).field(view.key[0]).type
+                kind = plain_schema(table).field(view.key[0]).type
                 where = values_filter(view.key[0], kind, [parse_key(view, k)[0] for k in keys])
             try:
                 data = live_rows(table, where)
