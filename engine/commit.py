@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
-from engine.maintenance import MaintenanceSchedule, compact, maintain
+from engine.maintenance import MaintenanceSchedule
 from engine.metrics import MAINTENANCE_SECONDS, observe_rejected
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
@@ -314,8 +314,8 @@ class ViewCommitter:
         schedule = self.compaction if small_files_only else self.maintenance
         what = "compaction" if small_files_only else "maintenance"
         try:
-            result = (compact(self.delta.path, self.target_file_bytes) if small_files_only
-                      else maintain(self.delta.path, self.view, self.target_file_bytes))
+            result = (self.delta.compact(self.target_file_bytes) if small_files_only
+                      else self.delta.maintain(self.target_file_bytes))
         except Exception as exc:  # noqa: BLE001 - delta-rs raises several kinds
             log.warning("%s: Delta %s after batch %d failed, next try in %.0f s: %s",
                         self.view.name, what, batch_id, schedule.interval_s, exc,

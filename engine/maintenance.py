@@ -2,13 +2,17 @@
 
 A batch's MERGE writes one small file of its rows and marks the rows they replace in
 older files with deletion vectors (engine.sinks.dv_merge). So:
-- every `delta_compact_interval_s` the small files are merged into files of
-  `delta_target_file_bytes` (delta-rs OPTIMIZE compact), which costs the recent rows only;
-- every `delta_maintenance_interval_s` the table is ordered by its key into files of that
-  size (delta-rs z-order on the key columns), which drops the deleted rows and their
-  vectors and gives each file a narrow key range again; files no version within the
-  view's `history` needs are vacuumed, and so are change-data files older than it; the log
-  is checkpointed and its entries older than `history` removed.
+- every `delta_compact_interval_s` the table is compacted (DeltaSink.compact): the small
+  files merged, and the files whose vectors mark a large share of their rows rewritten
+  without them, into files of `delta_target_file_bytes`. It costs the rows of the files it
+  rewrites, not the table's;
+- every `delta_maintenance_interval_s`, after a compaction: files no version within the
+  view's `history` needs are vacuumed, and so are change-data files and deletion-vector
+  files older than it; the log is checkpointed and its entries older than `history`
+  removed (`maintain`).
+Until 2026-11-26 maintenance also z-ordered the whole table by key: it rewrote every row
+every interval, and the history kept each copy for a day (the hour-long soak's disk grew
+faster than its rows), so it went. Compaction writes its files ordered by key instead.
 
 It runs in the committing thread, between two batches, so it never conflicts with a
 MERGE; the batch after it waits for it (logged, and in
@@ -68,9 +72,9 @@ class MaintenanceResult:
 
 
 def compact(path: str, target_file_bytes: int) -> MaintenanceResult:
-    """Merge the table's small files (each batch writes one) into files of the target size:
-    a batch then looks its keys up in, and marks rows of, a few files, not hundreds. Costs
-    the small files' rows, not the table's, so it runs far more often than `maintain`."""
+    """delta-rs's compaction, for tables without deletion vectors (copy-on-write MERGEs
+    leave no deleted rows behind, only small files): the small files merged into files of
+    the target size."""
     started = time.monotonic()
     merged = DeltaTable(path).optimize.compact(target_size=target_file_bytes)
     return MaintenanceResult(int(merged.get("numFilesRemoved", 0)),
@@ -78,20 +82,17 @@ def compact(path: str, target_file_bytes: int) -> MaintenanceResult:
                              time.monotonic() - started)
 
 
-def maintain(path: str, view: View, target_file_bytes: int) -> MaintenanceResult:
-    """Order by key, vacuum and checkpoint one view's table; see the module docstring."""
+def maintain(path: str, view: View) -> MaintenanceResult:
+    """Vacuum and checkpoint one view's table; see the module docstring."""
     started = time.monotonic()
     table = DeltaTable(path)
-    ordered = table.optimize.z_order(list(view.key), target_size=target_file_bytes)
     retention_hours = max(1, history_seconds(view) // 3600)
     vacuumed = table.vacuum(retention_hours=retention_hours, dry_run=False,
                             enforce_retention_duration=False)
     vacuumed += delete_old_change_data(path, retention_hours * 3600)
     table.create_checkpoint()
     table.cleanup_metadata()
-    return MaintenanceResult(int(ordered.get("numFilesRemoved", 0)),
-                             int(ordered.get("numFilesAdded", 0)), len(vacuumed),
-                             time.monotonic() - started)
+    return MaintenanceResult(0, 0, len(vacuumed), time.monotonic() - started)
 
 
 def delete_old_change_data(path: str, retention_s: float) -> list[str]:

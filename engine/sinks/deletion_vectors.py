@@ -10,12 +10,16 @@ Format"), the bytes delta-spark writes:
 - a vector: the magic number 1681511377 (int32, little-endian), then a RoaringBitmapArray:
   the number of 32-bit bitmaps (int64, little-endian), each its high 32 bits (int32,
   little-endian) and the bitmap in Roaring's portable serialization (pyroaring writes it);
-- viewgate stores each vector inline in the log (`storageType: "i"`, the vector's bytes in
-  Z85): the log's cleanup then removes vectors with the versions that used them (delta-rs's
-  VACUUM never deletes vector files), and a reader needs no extra file;
-- delta-spark stores them in files (`storageType: "u"`): `deletion_vector_<uuid>.bin`, one
-  version byte (1), then per vector its size (int32, big-endian), the vector and its CRC-32
-  (big-endian); read here too, for tables Spark changed.
+- a vector file (`storageType: "u"`), as delta-spark writes them: `deletion_vector_<uuid>.bin`
+  in the table's folder, one version byte (1), then per vector its size (int32,
+  big-endian), the vector and its CRC-32 (big-endian); a descriptor names the file (its
+  uuid in Z85), the vector's offset (of its size field) and size. viewgate writes one such
+  file per commit, holding the vectors of every file the commit marks. delta-rs's VACUUM
+  never deletes vector files: the writer does (engine.sinks.dv_merge);
+- tables written before 2026-11-26 hold their vectors inline in the log (`storageType:
+  "i"`, the vector's bytes in Z85); they are still read. Inline vectors went because a
+  commit carries each vector it changes twice (remove and add), and Z85 adds a quarter:
+  the log grew faster than the data.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import struct
 import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyroaring import BitMap
@@ -96,6 +100,28 @@ def decode_at(file: bytes, offset: int, size: int) -> BitMap:
     return decode_vector(data)
 
 
+def vector_file(vectors: Sequence[BitMap]) -> tuple[bytes, list[tuple[int, int]]]:
+    """The bytes of one vector file holding `vectors`, and each vector's (offset, size)."""
+    out = bytearray([FORMAT_VERSION])
+    places = []
+    for rows in vectors:
+        data = encode_vector(rows)
+        places.append((len(out), len(data)))
+        out += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
+    return bytes(out), places
+
+
+def file_name(file_id: uuid.UUID) -> str:
+    return f"deletion_vector_{file_id}.bin"
+
+
+def in_file(file_id: uuid.UUID, offset: int, size: int, cardinality: int) -> dict[str, Any]:
+    """The log's description of a vector in a vector file (no path prefix: the table's
+    folder)."""
+    return {"storageType": "u", "pathOrInlineDv": z85_encode(file_id.bytes),
+            "offset": offset, "sizeInBytes": size, "cardinality": cardinality}
+
+
 def inline(rows: BitMap) -> dict[str, Any]:
     """The log's description of a vector stored in it (Z85 needs whole 4-byte words:
     zero padding, which `sizeInBytes` leaves out)."""
@@ -114,7 +140,7 @@ def descriptor_file(dv: Mapping[str, Any]) -> str:
         raise ValueError(f"deletion vectors stored as {dv['storageType']!r} are not read here")
     encoded = dv["pathOrInlineDv"]
     prefix, id_text = encoded[:-20], encoded[-20:]
-    name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(id_text))}.bin"
+    name = file_name(uuid.UUID(bytes=z85_decode(id_text)))
     return f"{prefix}/{name}" if prefix else name
 
 

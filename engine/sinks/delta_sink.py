@@ -24,6 +24,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from engine.maintenance import MaintenanceResult, compact, history_seconds, maintain
 from engine.sinks.dv_merge import DeletionVectorMerge, supports_deletion_vectors
 from schema.catalog import View
 from schema.delta_read import live_rows, plain_schema, values_filter
@@ -113,6 +114,29 @@ class DeltaSink:
             if key in wanted:
                 found[key] = decode_row(encode_row(row))
         return found
+
+    def compact(self, target_file_bytes: int) -> MaintenanceResult:
+        """Merge the small files and rewrite the files with many deleted rows
+        (engine.maintenance): the engine's own compaction for a table with deletion vectors,
+        delta-rs's for one without."""
+        started = time.monotonic()
+        table = self._load()
+        if not supports_deletion_vectors(table):
+            return compact(self.path, target_file_bytes)
+        removed, added = self._vectors.rewrite(table, target_file_bytes)
+        return MaintenanceResult(removed, added, 0, time.monotonic() - started)
+
+    def maintain(self, target_file_bytes: int) -> MaintenanceResult:
+        """Compaction, then vacuum, old change data and vector files, checkpoint and log
+        cleanup (engine.maintenance)."""
+        started = time.monotonic()
+        compacted = self.compact(target_file_bytes)
+        kept = maintain(self.path, self.view)
+        released = self._vectors.delete_released_vectors(self._load(),
+                                                        history_seconds(self.view))
+        return MaintenanceResult(compacted.files_removed, compacted.files_added,
+                                 kept.files_vacuumed + len(released),
+                                 time.monotonic() - started)
 
     def merge(
         self,

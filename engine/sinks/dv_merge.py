@@ -4,18 +4,24 @@ For a batch of upserted rows and deleted keys, one commit:
 - a new data file with the upserted rows (new keys and new versions of existing ones);
 - for each file holding an old version of a changed or deleted key: the file removed with
   its old deletion vector and added again with a vector that also marks those rows;
-- the vectors inline in the log (engine.sinks.deletion_vectors); the batch's `txn` (app
+- the vectors in one vector file (engine.sinks.deletion_vectors); the batch's `txn` (app
   id, batch id) and its userMetadata, as every engine commit;
 - with the change data feed on, a change-data file: inserts, updates as pre- and
   post-images, deletes with the deleted row.
-Nothing already written is rewritten. Maintenance (delta-rs OPTIMIZE) later rewrites files
-without their deleted rows; both delta-rs and delta-spark read the vectors in between.
+Nothing already written is rewritten then. Compaction (`rewrite`, the engine's, between
+two batches) later merges the small files and rewrites the files whose vectors mark a
+large share of their rows, without those rows; both delta-rs and delta-spark read the
+vectors in between. delta-rs's OPTIMIZE would not do: it never rewrites a file of the
+target size, however many of its rows are deleted, so vectors and dead rows would grow
+without bound. Vector files no version within the view's history uses are deleted by
+`delete_released_vectors` (delta-rs's VACUUM leaves them).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyroaring import BitMap
@@ -36,6 +43,14 @@ from schema.object_store import filesystem, read_bytes
 from schema.storage import key_of
 
 _STRING_STATS_MAX = 32  # as delta-spark: longer strings get no min/max here
+# A file whose vector marks this share of its rows is rewritten without them, so vectors
+# stay small (a batch writes the whole vector of every file it touches) and dead rows stay
+# a bounded share of the table. The price: at most 3 live rows rewritten per dead row.
+PURGE_SHARE = 0.25
+# What one compaction rewrites at most, in target files' worth: a bounded pause between
+# two batches. Small files always go; the files with the most dead rows go first.
+REWRITE_BUDGET_FILES = 4
+_VECTOR_FILE = re.compile(r"deletion_vector_[0-9a-f-]{36}\.bin")
 
 
 def supports_deletion_vectors(table: DeltaTable) -> bool:
@@ -54,7 +69,8 @@ class DeletionVectorMerge:
         self.index = KeyIndex()
         # path -> (its vector's id, the rows the vector marks), for files with a vector
         self._vectors: dict[str, tuple[str, BitMap]] = {}
-        self._dv_files: dict[str, bytes] = {}
+        # vector file name -> when it was first seen unused (delete_released_vectors)
+        self._released: dict[str, float] = {}
 
     def merge(self, table: DeltaTable, rows: Sequence[Mapping[str, Any]],
               deleted: Sequence[Mapping[str, Any]], header: Sequence[Mapping[str, Any]],
@@ -122,20 +138,31 @@ class DeletionVectorMerge:
 
     def _mark(self, vectors: Mapping[str, BitMap]) -> list[dict[str, Any]]:
         """The actions that give each file its new deletion vector: the file removed with
-        its old vector, added again with the new one (inline, engine.sinks.deletion_vectors)."""
+        its old vector, added again with the new one, all new vectors in one vector file
+        (engine.sinks.deletion_vectors)."""
+        if not vectors:
+            return []
+        file_id = uuid.uuid4()
+        data, places = dv.vector_file(list(vectors.values()))
+        fs, path = filesystem(f"{self.root}/{dv.file_name(file_id)}")
+        with fs.open_output_stream(path) as out:
+            out.write(data)
         actions: list[dict[str, Any]] = []
-        for path, rows in vectors.items():
+        for (path, rows), (offset, size) in zip(vectors.items(), places, strict=True):
             old = self.files.files[path]
             # No deletionTimestamp (optional in the protocol): the file is not deleted, only
             # its old vector is, so nothing must keep this tombstone; log checkpoints drop it
             # at once instead of carrying one a touched file a batch for the whole history.
+            # (The old vector's file is kept as long as the history needs it:
+            # delete_released_vectors.)
             remove = {"path": path, "dataChange": True, "extendedFileMetadata": True,
                       "partitionValues": {}, "size": old["size"]}
             if old.get("deletionVector"):
                 remove["deletionVector"] = old["deletionVector"]
             actions.append({"remove": remove})
             actions.append({"add": {**old, "dataChange": True, "stats": _loose(old.get("stats")),
-                                    "deletionVector": dv.inline(rows)}})
+                                    "deletionVector": dv.in_file(file_id, offset, size,
+                                                                 len(rows))}})
         return actions
 
     def _write(self, name: str, data: pa.Table) -> dict[str, Any]:
@@ -206,6 +233,7 @@ class DeletionVectorMerge:
                 self.files.load(version)
         live = self.files.files
         self.index.keep_only(live)
+        vector_files: dict[str, bytes] = {}
         for path, add in live.items():
             if path not in self.index:
                 fs, file = filesystem(f"{self.root}/{path}")
@@ -216,19 +244,135 @@ class DeletionVectorMerge:
             if not vector:
                 self._vectors.pop(path, None)
             elif known is None or known[0] != dv.unique_id(vector):
-                self._vectors[path] = (dv.unique_id(vector), self._read_vector(vector))
+                self._vectors[path] = (dv.unique_id(vector),
+                                       self._read_vector(vector, vector_files))
         self.index.settle()
         self._vectors = {p: v for p, v in self._vectors.items() if p in live}
 
-    def _read_vector(self, vector: Mapping[str, Any]) -> BitMap:
+    def _read_vector(self, vector: Mapping[str, Any], cache: dict[str, bytes]) -> BitMap:
         if vector["storageType"] == "i":
             return dv.read_inline(vector)
-        name = dv.descriptor_file(vector)  # a vector delta-spark wrote
-        data = self._dv_files.get(name)
-        if data is None:
-            data = read_bytes(f"{self.root}/{name}")
-            self._dv_files = {name: data}  # the latest file only: a restart reads each once
-        return dv.decode_at(data, vector["offset"], vector["sizeInBytes"])
+        name = dv.descriptor_file(vector)
+        if name not in cache:
+            cache[name] = read_bytes(f"{self.root}/{name}")
+        return dv.decode_at(cache[name], vector["offset"], vector["sizeInBytes"])
+
+    def rewrite(self, table: DeltaTable, target_bytes: int) -> tuple[int, int]:
+        """Compaction: the small files (a batch writes one) and the files with PURGE_SHARE
+        of their rows deleted, rewritten without the deleted rows into files of about
+        `target_bytes`, ordered by key, in one commit (dataChange false: readers of changes
+        skip it). Costs those files' rows, never the table's. (files removed, added)."""
+        self._catch_up(table.version())
+        chosen = self._due_for_rewrite(target_bytes)
+        if len(chosen) < 2 and not any(self._deleted(p) for p in chosen):
+            return 0, 0
+        schema = plain_schema(table)
+        parts = []
+        for path in chosen:
+            fs, file = filesystem(f"{self.root}/{path}")
+            data = pq.read_table(file, filesystem=fs, schema=schema)
+            dead = self._deleted(path)
+            if dead:
+                keep = np.ones(data.num_rows, dtype=bool)
+                keep[np.asarray(dead.to_array(), dtype=np.int64)] = False
+                data = data.filter(pa.array(keep))
+            parts.append(data)
+        rows = pa.concat_tables(parts).sort_by([(c, "ascending") for c in self.key])
+        stored = sum(self.files.files[p]["size"] for p in chosen)
+        written = sum(_row_count(self.files.files[p]) for p in chosen)
+        per_file = max(1, int(target_bytes / max(stored / max(written, 1), 1.0)))
+        pieces = max(1, math.ceil(rows.num_rows / per_file))
+        size = math.ceil(rows.num_rows / pieces) if rows.num_rows else 0
+
+        now = int(time.time() * 1000)
+        actions: list[dict[str, Any]] = [{"commitInfo": {
+            "timestamp": now, "operation": "OPTIMIZE", "clientVersion": "viewgate",
+            "operationParameters": {"targetSize": str(target_bytes)}, "isBlindAppend": False,
+            "operationMetrics": {"numRemovedFiles": str(len(chosen)),
+                                 "numAddedFiles": str(pieces if size else 0)}}}]
+        for path in chosen:
+            old = self.files.files[path]
+            remove = {"path": path, "dataChange": False, "deletionTimestamp": now,
+                      "extendedFileMetadata": True, "partitionValues": {},
+                      "size": old["size"]}
+            if old.get("deletionVector"):
+                remove["deletionVector"] = old["deletionVector"]
+            actions.append({"remove": remove})
+        added: list[tuple[str, np.ndarray]] = []
+        for start in range(0, rows.num_rows, size or 1):
+            piece = rows.slice(start, size)
+            name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            actions.append({"add": {**self._write(name, piece), "modificationTime": now,
+                                    "dataChange": False, "stats": _stats(piece)}})
+            added.append((name, encode_keys(piece, self.key)))
+        version = self.files.version + 1
+        commit(self.root, version, actions)
+
+        self.files.apply(actions)
+        self.files.version = version
+        self.index.keep_only(self.files.files)
+        for name, keys in added:
+            self.index.add(name, keys)
+        self.index.settle()
+        self._vectors = {p: v for p, v in self._vectors.items() if p in self.files.files}
+        return len(chosen), len(added)
+
+    def _due_for_rewrite(self, target_bytes: int) -> list[str]:
+        """The files compaction rewrites: every small one (under half the target), then
+        the ones with PURGE_SHARE of their rows deleted, most deleted first, within
+        REWRITE_BUDGET_FILES target files' worth."""
+        small, heavy = [], []
+        for path, add in self.files.files.items():
+            deleted = len(self._deleted(path))
+            if add["size"] < target_bytes // 2:
+                small.append(path)
+            elif deleted and deleted >= PURGE_SHARE * _row_count(add):
+                heavy.append((deleted / max(_row_count(add), 1), path))
+        budget = REWRITE_BUDGET_FILES * target_bytes - sum(
+            self.files.files[p]["size"] for p in small)
+        chosen = list(small)
+        for _, path in sorted(heavy, reverse=True):
+            size = self.files.files[path]["size"]
+            if size > budget:
+                break
+            chosen.append(path)
+            budget -= size
+        return chosen
+
+    def delete_released_vectors(self, table: DeltaTable, retention_s: float,
+                                clock: Callable[[], float] = time.time) -> list[str]:
+        """Delete the vector files no version within `retention_s` uses. A file the latest
+        version does not use was released at the latest when this first saw it unused (a
+        restart starts counting again: late, never early); kept `retention_s` after that,
+        as long as `asOf` can reach a version that used it."""
+        self._catch_up(table.version())
+        used = {dv.descriptor_file(add["deletionVector"]) for add in self.files.files.values()
+                if (add.get("deletionVector") or {}).get("storageType") == "u"}
+        fs, folder = filesystem(self.root)
+        now = clock()
+        present = set()
+        deleted = []
+        for info in fs.get_file_info(pyarrow.fs.FileSelector(folder)):
+            name = info.base_name
+            if info.type != pyarrow.fs.FileType.File or not _VECTOR_FILE.fullmatch(name):
+                continue
+            present.add(name)
+            if name in used:
+                self._released.pop(name, None)
+                continue
+            released = self._released.setdefault(name, now)
+            if now - released >= retention_s:
+                fs.delete_file(info.path)
+                deleted.append(name)
+        self._released = {n: t for n, t in self._released.items()
+                          if n in present and n not in deleted}
+        return deleted
+
+
+def _row_count(add: Mapping[str, Any]) -> int:
+    """A file's rows (deleted ones included), from its statistics."""
+    stats = add.get("stats")
+    return int(json.loads(stats).get("numRecords", 0)) if stats else 0
 
 
 def _loose(stats: str | None) -> str | None:

@@ -18,8 +18,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyroaring import BitMap
 
-from engine.maintenance import compact, configure_table, maintain
+from engine.maintenance import compact, configure_table
 from engine.sinks import deletion_vectors as dv
+from engine.sinks import dv_merge
 from engine.sinks.delta_sink import DeltaSink
 from schema import demo
 from schema.delta_read import live_row_count, live_rows
@@ -111,13 +112,14 @@ def test_batches_write_their_rows_and_mark_the_old_ones(tmp_path):
         for d in gone:
             expected.pop(d["customer_id"])
         if step == 12:
-            # Maintenance (delta-rs OPTIMIZE) rewrites the files without their deleted rows;
-            # the sink follows its commit and goes on marking rows in the new files.
-            maintain(path, VIEW, target_file_bytes=64 * 1024)
+            # Maintenance compacts (every file is small here) without the deleted rows;
+            # the sink goes on marking rows in the new files.
+            sink.maintain(64 * 1024)
             assert _contents(path) == expected
             assert not any(a.get("deletionVector") for a in _adds(path))
         if step == 20:
-            # Compaction merges the batches' small files (with their vectors applied).
+            # A compaction by another writer (delta-rs's OPTIMIZE, as for tables made
+            # before): the sink follows its commit.
             files = len(_adds(path))
             result = compact(path, target_file_bytes=64 * 1024)
             assert result.files_removed > result.files_added >= 1
@@ -186,6 +188,101 @@ def _adds(path: str) -> list[dict]:
     files = ActiveFiles(path)
     files.load(DeltaTable(path).version())
     return list(files.files.values())
+
+
+def _vector_files(path: str) -> set[str]:
+    return {p.name for p in Path(path).glob("deletion_vector_*.bin")}
+
+
+def test_vectors_go_to_one_file_per_commit_and_unused_ones_are_deleted_after_the_history(
+        tmp_path):
+    path = str(tmp_path / "Customer")
+    _table(path)
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    sink.merge(1, [_row(n, "gold") for n in range(100)], [], VIEW.key, metadata={})
+    sink.merge(2, [_row(n, "gold") for n in range(100, 200)], [], VIEW.key, metadata={})
+    assert not _vector_files(path)  # inserts mark nothing
+    # Batch 3 marks rows in both files: both vectors in one new file, none in the log.
+    sink.merge(3, [_row(5, "silver"), _row(105, "silver")], [], VIEW.key, metadata={})
+    (first,) = _vector_files(path)
+    vectors = [a["deletionVector"] for a in _adds(path) if a.get("deletionVector")]
+    assert len(vectors) == 2 and {v["storageType"] for v in vectors} == {"u"}
+    assert {dv.descriptor_file(v) for v in vectors} == {first}
+    version_with_first = DeltaTable(path).version()
+    # Batch 4 marks the first file again: its new vector goes to a second vector file; the
+    # first one still holds the second data file's vector, so it stays in use.
+    sink.merge(4, [_row(6, "silver")], [], VIEW.key, metadata={})
+    second = _vector_files(path) - {first}
+    assert len(second) == 1
+    # Batch 5 marks the second data file again: nothing uses the first vector file now.
+    sink.merge(5, [_row(106, "silver")], [], VIEW.key, metadata={})
+    assert len(_vector_files(path)) == 3
+
+    table = DeltaTable(path)
+    day = 86_400.0  # the view's history
+    clock = [1_000_000.0]
+    assert sink._vectors.delete_released_vectors(table, day, lambda: clock[0]) == []
+    clock[0] += day - 1  # an older version can still be asked for: it is kept
+    assert sink._vectors.delete_released_vectors(table, day, lambda: clock[0]) == []
+    old = DeltaTable(path)
+    old.load_as_version(version_with_first)
+    assert live_row_count(old) == 200
+    clock[0] += 1
+    assert sink._vectors.delete_released_vectors(table, day, lambda: clock[0]) == [first]
+    assert first not in _vector_files(path) and len(_vector_files(path)) == 2
+    assert {r: t for r, t in _contents(path).items() if t == "silver"} == {
+        "C000005": "silver", "C000006": "silver", "C000105": "silver", "C000106": "silver"}
+
+
+def test_compaction_rewrites_small_files_and_files_with_many_deleted_rows(tmp_path,
+                                                                           monkeypatch):
+    path = str(tmp_path / "Customer")
+    _table(path)
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    target = 16 * 1024
+    # Two large files (over half the target: not small) of 1,000 rows each.
+    sink.merge(1, [_row(n, "gold") for n in range(1000)], [], VIEW.key, metadata={})
+    sink.merge(2, [_row(n, "gold") for n in range(1000, 2000)], [], VIEW.key, metadata={})
+    large = {a["path"] for a in _adds(path)}
+    assert all(a["size"] >= target // 2 for a in _adds(path))
+    # The first loses 30% of its rows (over PURGE_SHARE), the second 5%, in small batches.
+    expected = {f"C{n:06d}": "gold" for n in range(2000)}
+    batch = 2
+    for start in range(0, 300, 50):
+        batch += 1
+        rows = [_row(n, "silver") for n in range(start, start + 50)]
+        gone = [{"customer_id": f"C{1000 + start // 5 + i:06d}"} for i in range(8)]
+        sink.merge(batch, rows, gone, VIEW.key, metadata={})
+        expected |= {r["customer_id"]: "silver" for r in rows}
+        for g in gone:
+            expected.pop(g["customer_id"])
+    small = {a["path"] for a in _adds(path)} - large
+    assert len(small) == 6
+
+    monkeypatch.setattr(dv_merge, "REWRITE_BUDGET_FILES", 4)
+    result = sink.compact(target)
+
+    files = {a["path"]: a for a in _adds(path)}
+    marked = {p: json.loads(files[p]["stats"])["numRecords"] for p in large if p in files}
+    assert len(marked) == 1, "exactly the file with 30% deleted rows was rewritten"
+    (kept,) = marked
+    assert files[kept]["deletionVector"]["cardinality"] == 48  # its 5%, still marked
+    assert result.files_removed == 7  # the six small files and the heavy one
+    assert not small & set(files)
+    for added in set(files) - large:
+        rows = pq.read_table(Path(path) / added)
+        keys = rows["customer_id"].to_pylist()
+        assert keys == sorted(keys)  # written ordered by key
+        assert "deletionVector" not in files[added]
+    assert _contents(path) == expected
+    # The log says it changed no data: readers of changes skip it.
+    version = DeltaTable(path).version()
+    assert pa.table(DeltaTable(path).load_cdf(starting_version=version)).num_rows == 0
+    # Batches after it find keys in the new files.
+    sink.merge(batch + 1, [_row(10, "bronze"), _row(1500, "bronze")], [], VIEW.key,
+               metadata={})
+    expected |= {"C000010": "bronze", "C001500": "bronze"}
+    assert _contents(path) == expected
 
 
 def test_a_table_without_vectors_keeps_copy_on_write(tmp_path):

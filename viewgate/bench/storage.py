@@ -3,11 +3,11 @@ holds on disk after maintenance.
 
 The Order view's table is written by the engine's own DeltaSink and maintained by the
 engine's own maintenance (engine.maintenance). Two tables are grown with insert batches,
-one to `storage_rows_small` rows and one to 100 times that, each ordered by key by
-maintenance as the engine would leave it. Both then take the same demo-shaped batches
-(700 new orders, 270 updates of recent ones, 300 updates anywhere in the table and 30
-deletes of any older order: the demo's mix of a second at 1,000 events/s), and their MERGE
-times and the bytes each writes are compared. The goal: a batch on the large table costs at
+one to `storage_rows_small` rows and one to 100 times that, each compacted into files
+ordered by key by maintenance, as the engine would leave it. Both then take the same
+demo-shaped batches (700 new orders, 270 updates of recent ones, 300 updates anywhere in
+the table and 30 deletes of any older order: the demo's mix of a second at 1,000
+events/s), and their MERGE times and the bytes each writes are compared. The goal: a batch on the large table costs at
 most 1.5 times what it costs on the small one.
 
 The updates anywhere stand for a tier change's: the demo's Order follows its customer
@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from engine.maintenance import configure_table, maintain
+from engine.maintenance import configure_table
 from engine.sinks.delta_sink import DeltaSink
 from schema import demo
 from schema.storage import delta_app_id
@@ -109,7 +109,7 @@ class _Table:
             count = min(GROWTH_BATCH_ROWS, rows - self.rows)
             self.merge([_order(rng, self.rows + i) for i in range(count)], [])
             self.rows += count
-        maintain(self.path, VIEW, self.target_file_bytes)
+        self.sink.maintain(self.target_file_bytes)
 
     def demo_batch(self, rng: random.Random) -> float:
         """One second of the demo's traffic: its MERGE time in ms (and, in `written_mb`,
@@ -155,7 +155,7 @@ def run(ctx: BenchContext) -> GroupResult:
 
     big = tables["large"]
     before = _bytes_on_disk(big.path) / big.rows
-    maintenance = maintain(big.path, VIEW, big.target_file_bytes)
+    maintenance = big.sink.maintain(big.target_file_bytes)
     # What maintenance keeps bounded: files older than the view's history go. The bench
     # cannot wait a day, so it vacuums with no retention to show what remains.
     DeltaTable(big.path).vacuum(retention_hours=0, dry_run=False,
