@@ -85,12 +85,18 @@ def compact(path: str, target_file_bytes: int) -> MaintenanceResult:
 def maintain(path: str, view: View) -> MaintenanceResult:
     """Vacuum and checkpoint one view's table; see the module docstring."""
     started = time.monotonic()
+    # Checkpoint first: a commit that gives a file a new deletion vector removes the file
+    # with its old vector without a deletionTimestamp (engine.sinks.dv_merge), and delta-rs's
+    # VACUUM takes such a tombstone as expired, so once compaction removes the file for good
+    # it would delete it at once, though versions within the history still read it. A
+    # checkpoint drops those tombstones and keeps the compaction's, which carry its time;
+    # VACUUM then reads the table from it.
+    DeltaTable(path).create_checkpoint()
     table = DeltaTable(path)
     retention_hours = max(1, history_seconds(view) // 3600)
     vacuumed = table.vacuum(retention_hours=retention_hours, dry_run=False,
                             enforce_retention_duration=False)
     vacuumed += delete_old_change_data(path, retention_hours * 3600)
-    table.create_checkpoint()
     table.cleanup_metadata()
     return MaintenanceResult(0, 0, len(vacuumed), time.monotonic() - started)
 

@@ -75,6 +75,10 @@ def test_maintenance_compacts_in_key_order_and_keeps_history(tmp_path):
     for batch in range(8):
         rows = [r for i, r in enumerate(_rows(0, 4_000)) if i % 8 == batch]
         sink.merge(batch, rows, [], VIEW.key, metadata={"batch_id": batch})
+    first_version = DeltaTable(path).version()
+    # Updates of keys in every file: each file is removed and added again with a deletion
+    # vector (a tombstone without a time), then removed for good by the compaction below.
+    sink.merge(8, _rows(0, 16, tier="silver"), [], VIEW.key, metadata={"batch_id": 8})
     before = DeltaTable(path)
     version_before = before.version()
     content_before = live_rows(before).sort_by("customer_id")
@@ -82,7 +86,7 @@ def test_maintenance_compacts_in_key_order_and_keeps_history(tmp_path):
     result = sink.maintain(64 * 1024)
 
     table = DeltaTable(path)
-    assert result.files_removed == 8 and result.files_added >= 1
+    assert result.files_removed == 9 and result.files_added >= 1
     assert live_rows(table).sort_by("customer_id").equals(content_before)
     # Each file now holds a key range no other file overlaps.
     actions = pa.table(table.get_add_actions(flatten=True)).sort_by("min.customer_id")
@@ -90,6 +94,12 @@ def test_maintenance_compacts_in_key_order_and_keeps_history(tmp_path):
     assert all(high < low for high, low in zip(highs, lows[1:], strict=False))
     # Within the view's history (a day) earlier versions still read: asOf keeps working.
     table.load_as_version(version_before)
+    assert live_rows(table).num_rows == 4_000
+    # Also the version before the vectors: its files were removed for good by the
+    # compaction, and VACUUM keeps them as long as the history.
+    table.load_as_version(first_version)
+    assert set(live_rows(table)["tier"].to_pylist()) == {"gold"}
+    table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
     assert live_rows(table).num_rows == 4_000
     assert any(p.name.endswith(".checkpoint.parquet")
                for p in (tmp_path / "Customer" / "_delta_log").iterdir())

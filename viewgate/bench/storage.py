@@ -7,8 +7,8 @@ one to `storage_rows_small` rows and one to 100 times that, each compacted into 
 ordered by key by maintenance, as the engine would leave it. Both then take the same
 demo-shaped batches (700 new orders, 270 updates of recent ones, 300 updates anywhere in
 the table and 30 deletes of any older order: the demo's mix of a second at 1,000
-events/s), and their MERGE times and the bytes each writes are compared. The goal: a batch on the large table costs at
-most 1.5 times what it costs on the small one.
+events/s), and their MERGE times and the bytes each writes are compared. The goal: a
+batch on the large table costs at most 1.5 times what it costs on the small one.
 
 The updates anywhere stand for a tier change's: the demo's Order follows its customer
 through a view-to-view join, so a tier change rewrites every order of the customer, and a
