@@ -65,7 +65,7 @@ class KeyIndex:
 
     def __init__(self, fold_at: int = 32) -> None:
         self.fold_at = fold_at
-        self._paths: list[str] = []  # file number -> path
+        self._paths: list[str | None] = []  # file number -> path (None: gone)
         self._numbers: dict[str, int] = {}
         self._base = _Keys(np.empty(0, dtype=np.int64), _NONE, _NONE)
         self._base_numbers: set[int] = set()
@@ -121,6 +121,7 @@ class KeyIndex:
         for path, number in list(self._numbers.items()):
             if number not in live:
                 del self._numbers[path]
+                self._paths[number] = None  # a slot a file ever seen, not its name
 
     def find(self, keys: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per file, the row positions holding any of `keys` and the key at each (deleted

@@ -69,3 +69,18 @@ def test_bytes_on_disk_count_files_and_skip_one_renamed_while_listed(tmp_path, m
     monkeypatch.setattr(Path, "rglob", lambda self, pattern: iter(listed))
     monkeypatch.setattr(Path, "is_file", lambda self: self.name != "commits")
     assert engine_storage._bytes_under(str(tmp_path)) == 15
+
+
+def test_delta_bytes_are_told_apart_by_kind(tmp_path):
+    from viewgate.bench import engine_storage
+
+    table = tmp_path / "Order" / "g0"
+    (table / "_delta_log").mkdir(parents=True)
+    (table / "_change_data").mkdir()
+    (table / "_delta_log" / "00000000000000000000.json").write_bytes(b"l" * 3)
+    (table / "_change_data" / "cdc-1.parquet").write_bytes(b"c" * 5)
+    (table / "deletion_vector_1.bin").write_bytes(b"v" * 7)
+    (table / "part-1.parquet").write_bytes(b"d" * 11)
+    assert engine_storage._bytes_by_kind(str(tmp_path)) == {
+        "log": 3, "change_data": 5, "vectors": 7, "data": 11}
+    assert engine_storage._bytes_under(f"file://{tmp_path}") == 26

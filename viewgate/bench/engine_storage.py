@@ -1,5 +1,6 @@
 """What the engine keeps as it runs, sampled during the soak: the Delta tables' bytes on disk
-and rows, the Spark checkpoints' bytes, Redis's memory and keys, and each view's last batch
+and rows (and the bytes by kind: log, change data, deletion vectors, data files), the Spark
+checkpoints' bytes, Redis's memory and keys, and each view's last batch
 duration. A run of months must keep these flat per row (Delta, Redis) or flat (checkpoints,
 batch time): `flatness` compares the start of a soak with its end."""
 
@@ -22,10 +23,22 @@ FLAT_LIMIT = 0.20  # the issue's goal: start and end within 20 percent
 
 
 def _bytes_under(location: str) -> int:
+    return sum(_bytes_by_kind(location).values())
+
+
+def _bytes_by_kind(location: str) -> dict[str, int]:
+    """Bytes on disk under `location` by what they are: the Delta log, change data,
+    deletion vectors, and the rest (data files; a Spark checkpoint's files)."""
+    kinds = dict.fromkeys(("log", "change_data", "vectors", "data"), 0)
     root = Path(location.removeprefix("file://"))
-    if "://" in location and not location.startswith("file://"):
-        return 0  # object storage: not sampled
-    return sum(_file_bytes(f) for f in root.rglob("*")) if root.exists() else 0
+    if "://" in location and not location.startswith("file://") or not root.exists():
+        return kinds  # object storage: not sampled
+    for file in root.rglob("*"):
+        parts = file.relative_to(root).parts
+        kind = ("log" if "_delta_log" in parts else "change_data" if "_change_data" in parts
+                else "vectors" if file.name.startswith("deletion_vector_") else "data")
+        kinds[kind] += _file_bytes(file)
+    return kinds
 
 
 def _file_bytes(path: Path) -> int:
@@ -49,7 +62,8 @@ def _delta_rows(settings: Settings, view: str) -> int:
 def sample(settings: Settings, catalog: Catalog, client: redis.Redis) -> dict[str, float]:
     """One sample of what the engine holds (see the module docstring)."""
     rows = sum(_delta_rows(settings, view) for view in catalog.views)
-    delta_bytes = _bytes_under(settings.delta_location)
+    kinds = _bytes_by_kind(settings.delta_location)
+    delta_bytes = sum(kinds.values())
     memory = int(client.info("memory")["used_memory"])
     batch_ms = [ViewMeta.from_fields(client.hgetall(meta_key(v))).batch_ms
                 for v in catalog.views]
@@ -57,6 +71,7 @@ def sample(settings: Settings, catalog: Catalog, client: redis.Redis) -> dict[st
         "delta_rows": rows,
         "delta_bytes": delta_bytes,
         "delta_bytes_per_row": delta_bytes / rows if rows else 0.0,
+        **{f"delta_{kind}_bytes": size for kind, size in kinds.items()},
         "checkpoint_bytes": _bytes_under(settings.checkpoint_location),
         "redis_used_bytes": memory,
         "redis_bytes_per_row": memory / rows if rows else 0.0,
