@@ -132,8 +132,9 @@ class DeltaSink:
         started = time.monotonic()
         compacted = self.compact(target_file_bytes)
         kept = maintain(self.path, self.view)
-        released = self._vectors.delete_released_vectors(self._load(),
-                                                        history_seconds(self.view))
+        table = self._load()
+        released = (self._vectors.delete_released_vectors(table, history_seconds(self.view))
+                    if supports_deletion_vectors(table) else [])
         return MaintenanceResult(compacted.files_removed, compacted.files_added,
                                  kept.files_vacuumed + len(released),
                                  time.monotonic() - started)

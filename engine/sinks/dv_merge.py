@@ -267,29 +267,13 @@ class DeletionVectorMerge:
         if len(chosen) < 2 and not any(self._deleted(p) for p in chosen):
             return 0, 0
         schema = plain_schema(table)
-        parts = []
-        for path in chosen:
-            fs, file = filesystem(f"{self.root}/{path}")
-            data = pq.read_table(file, filesystem=fs, schema=schema)
-            dead = self._deleted(path)
-            if dead:
-                keep = np.ones(data.num_rows, dtype=bool)
-                keep[np.asarray(dead.to_array(), dtype=np.int64)] = False
-                data = data.filter(pa.array(keep))
-            parts.append(data)
-        rows = pa.concat_tables(parts).sort_by([(c, "ascending") for c in self.key])
-        stored = sum(self.files.files[p]["size"] for p in chosen)
-        written = sum(_row_count(self.files.files[p]) for p in chosen)
-        per_file = max(1, int(target_bytes / max(stored / max(written, 1), 1.0)))
-        pieces = max(1, math.ceil(rows.num_rows / per_file))
-        size = math.ceil(rows.num_rows / pieces) if rows.num_rows else 0
+        rows = pa.concat_tables([self._live_rows(path, schema) for path in chosen])
+        rows = rows.sort_by([(c, "ascending") for c in self.key])
 
         now = int(time.time() * 1000)
         actions: list[dict[str, Any]] = [{"commitInfo": {
             "timestamp": now, "operation": "OPTIMIZE", "clientVersion": "viewgate",
-            "operationParameters": {"targetSize": str(target_bytes)}, "isBlindAppend": False,
-            "operationMetrics": {"numRemovedFiles": str(len(chosen)),
-                                 "numAddedFiles": str(pieces if size else 0)}}}]
+            "operationParameters": {"targetSize": str(target_bytes)}, "isBlindAppend": False}}]
         for path in chosen:
             old = self.files.files[path]
             remove = {"path": path, "dataChange": False, "deletionTimestamp": now,
@@ -299,8 +283,7 @@ class DeletionVectorMerge:
                 remove["deletionVector"] = old["deletionVector"]
             actions.append({"remove": remove})
         added: list[tuple[str, np.ndarray]] = []
-        for start in range(0, rows.num_rows, size or 1):
-            piece = rows.slice(start, size)
+        for piece in self._pieces(rows, chosen, target_bytes):
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
             actions.append({"add": {**self._write(name, piece), "modificationTime": now,
                                     "dataChange": False, "stats": _stats(piece)}})
@@ -316,6 +299,29 @@ class DeletionVectorMerge:
         self.index.settle()
         self._vectors = {p: v for p, v in self._vectors.items() if p in self.files.files}
         return len(chosen), len(added)
+
+    def _live_rows(self, path: str, schema: pa.Schema) -> pa.Table:
+        """A file's rows without those its deletion vector marks."""
+        fs, file = filesystem(f"{self.root}/{path}")
+        data = pq.read_table(file, filesystem=fs, schema=schema)
+        dead = self._deleted(path)
+        if not dead:
+            return data
+        keep = np.ones(data.num_rows, dtype=bool)
+        keep[np.asarray(dead.to_array(), dtype=np.int64)] = False
+        return data.filter(pa.array(keep))
+
+    def _pieces(self, rows: pa.Table, files: Sequence[str], target_bytes: int
+                ) -> list[pa.Table]:
+        """`rows` cut into files of about `target_bytes`, by the bytes a row took in
+        `files`, all pieces alike in size."""
+        if not rows.num_rows:
+            return []
+        stored = sum(self.files.files[p]["size"] for p in files)
+        written = max(1, sum(_row_count(self.files.files[p]) for p in files))
+        per_file = max(1, int(target_bytes / max(stored / written, 1.0)))
+        size = math.ceil(rows.num_rows / math.ceil(rows.num_rows / per_file))
+        return [rows.slice(start, size) for start in range(0, rows.num_rows, size)]
 
     def _due_for_rewrite(self, target_bytes: int) -> list[str]:
         """The files compaction rewrites: every small one (under half the target), then
