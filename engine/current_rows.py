@@ -13,7 +13,7 @@ replaces its stored one, a deleted key's row is gone.
 Anything else (another column, a null value, a Redis that lost rows and has not been
 re-warmed yet) is read from the view's Delta table through delta-rs's query engine, which
 skips the files whose statistics (each file's min and max of the column) rule the values
-out and applies deletion vectors: cheap by key (maintenance keeps files ordered by key,
+out and applies deletion vectors: cheap by key (compaction writes files ordered by key,
 engine.maintenance), often the whole table by another column.
 """
 
