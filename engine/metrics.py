@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -37,10 +38,35 @@ REJECTED_ROWS = Counter("viewgate_view_rejected_rows",
                         ["view"])
 MAINTENANCE_SECONDS = Histogram(
     "viewgate_engine_maintenance_seconds",
-    "Time a view's Delta maintenance took (ordering by key, vacuum, log checkpoint); the "
-    "view's next batch waited for it.", ["view"], buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60))
+    "Time a view's Delta maintenance or compaction took; the view's next batch waited for "
+    "it.", ["view"], buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60))
+GRAPH_STEP_SECONDS = Histogram(
+    "viewgate_graph_step_seconds",
+    "Time each step of the view graph's batches took: `read` (the batch from Spark), "
+    "`<View>_compute` and its parts, `apply` (Redis), `feed` (the change feeds), `delta` "
+    "(the MERGEs, overlapping the feeds), `batch` (the whole).", ["step"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8))
 DEAD_LETTERS = Counter("viewgate_dead_letters",
                        "Malformed source records sent to the dead-letter topic.", ["source"])
+
+
+def observe_graph_steps(timings: Mapping[str, float]) -> None:
+    """One graph batch's step timings (milliseconds, keyed `<step>_ms` or `<step>`)."""
+    for step, ms in timings.items():
+        GRAPH_STEP_SECONDS.labels(step.removesuffix("_ms")).observe(ms / 1000)
+
+
+def graph_step_totals() -> dict[str, tuple[float, int]]:
+    """Per step: seconds spent and batches observed so far (the histogram's sum and
+    count), for a sampler in this process to difference."""
+    totals: dict[str, list[float]] = {}
+    for metric in GRAPH_STEP_SECONDS.collect():
+        for sample in metric.samples:
+            kind = sample.name.rsplit("_", 1)[-1]
+            if kind in ("sum", "count"):
+                entry = totals.setdefault(sample.labels["step"], [0.0, 0])
+                entry[0 if kind == "sum" else 1] = sample.value
+    return {step: (total, int(count)) for step, (total, count) in totals.items()}
 
 
 def _lag(sources: list[Any]) -> int:

@@ -132,5 +132,7 @@ def test_the_soak_runs_end_to_end_tiny(spark, settings, tmp_path):
     assert held[-1]["redis_used_bytes"] > 0 and held[-1]["checkpoint_bytes"] > 0
     assert set(written["engine_flatness"]) == {"delta_bytes_per_row", "checkpoint_bytes",
                                                "redis_bytes_per_row", "batch_ms"}
+    # The graph's steps, from the engine's histogram in the soak's process.
+    assert {"read", "apply", "delta", "batch"} <= set(written["engine_graph_steps"])
     assert written["passed"] == (not report["problems"])
     assert (tmp_path / "bench" / "soak.png").stat().st_size > 0

@@ -20,3 +20,13 @@ def test_a_batch_replayed_after_a_restart_has_no_latest_offset_and_no_lag():
     # Spark reports the replayed batch's latest offset as JSON null: the listener crashed
     # on it with a traceback in the engine's log at every restart.
     assert _lag([_source("null", '{"orders": {"0": 90}}'), _source(None, "null")]) == 0
+
+
+def test_graph_step_timings_are_observed_and_totalled():
+    from engine.metrics import graph_step_totals, observe_graph_steps
+
+    before = graph_step_totals().get("test_step", (0.0, 0))
+    observe_graph_steps({"test_step_ms": 250.0})
+    observe_graph_steps({"test_step": 750.0})
+    spent, count = graph_step_totals()["test_step"]
+    assert count == before[1] + 2 and abs(spent - before[0] - 1.0) < 1e-9

@@ -84,3 +84,23 @@ def test_delta_bytes_are_told_apart_by_kind(tmp_path):
     assert engine_storage._bytes_by_kind(str(tmp_path)) == {
         "log": 3, "change_data": 5, "vectors": 7, "data": 11}
     assert engine_storage._bytes_under(f"file://{tmp_path}") == 26
+
+
+def test_graph_step_means_come_from_the_histograms_totals():
+    from viewgate.bench.engine_storage import graph_steps
+
+    # (t, {step: (seconds so far, batches so far)}): `batch` takes 100 ms a batch at first,
+    # 300 ms at the end; `read` appears late.
+    totals = [
+        (0.0, {"batch": (0.0, 0)}),
+        (10.0, {"batch": (1.0, 10)}),
+        (20.0, {"batch": (2.0, 20)}),
+        (80.0, {"batch": (9.0, 50)}),
+        (90.0, {"batch": (12.0, 60), "read": (0.5, 10)}),
+        (100.0, {"batch": (15.0, 70), "read": (1.0, 20)}),
+    ]
+    steps = graph_steps(totals, duration_s=100.0, window_s=10.0)
+    assert steps["batch"] == {"start_ms": 100.0, "end_ms": 300.0, "change": 2.0}
+    assert steps["read"] == {"start_ms": None, "end_ms": 50.0, "change": None}
+    assert graph_steps([], 100.0, 10.0) == {}
+

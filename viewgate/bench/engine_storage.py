@@ -99,3 +99,32 @@ def flatness(samples: Sequence[tuple[float, Mapping[str, float]]], duration_s: f
         out[name] = {"start": round(first, 1), "end": round(last, 1), "change": change,
                      "flat": abs(change) <= FLAT_LIMIT}
     return out
+
+
+def graph_steps(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]], duration_s: float,
+                window_s: float) -> dict[str, dict[str, Any]]:
+    """Per step of the view graph's batches (engine.metrics.graph_step_totals, sampled as
+    (seconds since the start, {step: (seconds, batches)})): its mean in milliseconds over
+    the window after a warm-up window and over the last window, and the change. Which step
+    a growing batch time comes from."""
+
+    def at(t: float) -> Mapping[str, Sequence[float]] | None:
+        return next((sample for when, sample in totals if when >= t), None)
+
+    def mean_ms(first: Mapping[str, Sequence[float]] | None,
+                last: Mapping[str, Sequence[float]] | None, step: str) -> float | None:
+        if first is None or last is None or step not in last:
+            return None
+        spent, count = last[step]
+        spent0, count0 = first.get(step, (0.0, 0))
+        return (spent - spent0) / (count - count0) * 1000 if count > count0 else None
+
+    start_from, start_to = at(window_s), at(2 * window_s)
+    end_from, end_to = at(duration_s - window_s), totals[-1][1] if totals else None
+    out: dict[str, dict[str, Any]] = {}
+    for step in sorted(end_to or {}):
+        first, last = mean_ms(start_from, start_to, step), mean_ms(end_from, end_to, step)
+        change = round(last / first - 1, 4) if first and last is not None else None
+        out[step] = {"start_ms": None if first is None else round(first, 1),
+                     "end_ms": None if last is None else round(last, 1), "change": change}
+    return out

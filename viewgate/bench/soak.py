@@ -18,7 +18,8 @@ demo traffic (`demo_rate` events/s: customer changes, orders, deletes), the gate
    `capacity_rps`. Every `sample_s` the
    resident memory (VmRSS) of the gateway, of the engine's JVM and of its Python driver,
    and what the engine keeps (engine_storage: Delta and Redis bytes per row, checkpoint
-   bytes, batch time), whose start and end are compared (flat within 20%). What the
+   bytes, batch time), whose start and end are compared (flat within 20%), and the mean
+   time of each step of the view graph's batches (engine_graph_steps). What the
    engine keeps is sampled by a process of its own: reading Delta logs in the engine's
    driver would take its CPU and memory and count them as the engine's.
 
@@ -145,6 +146,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     """The soak in this process (Spark here); returns the report (see the module doc)."""
     import os
 
+    from engine.metrics import graph_step_totals
     from engine.runner import start_all
     from viewgate.bench.engine import catalog_on_topics, wait_started
     from viewgate.bench.gateway import customer_rows, point_body
@@ -216,6 +218,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
             pids = {"gateway": gateway.pid, "engine_jvm": _jvm_pid(spark),
                     "engine_driver": os.getpid()}
             samples: dict[str, list[tuple[float, int]]] = {name: [] for name in pids}
+            step_totals: list[tuple[float, dict[str, tuple[float, int]]]] = []
             sampled = new_event()
             started_at = time.time()
             storage = Worker("engine storage", sample_engine_storage, settings, catalog,
@@ -227,6 +230,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
                     kb = _rss_kb(pid)
                     if kb is not None:
                         samples[name].append((now, kb))
+                step_totals.append((now, graph_step_totals()))  # the engine runs here
                 if load.done(sizes.sample_s):
                     break
             sampled.set()
@@ -257,6 +261,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     }
     growth = {name: memory_growth(series, duration_s) for name, series in samples.items()}
     engine_flat = engine_storage.flatness(held, duration_s, growth_window(duration_s))
+    steps = engine_storage.graph_steps(step_totals, duration_s, growth_window(duration_s))
     latency = loaded["latency_ms"]
     problems = verdict(errors, growth["gateway"])
     return {
@@ -282,6 +287,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
         "rss_kb": samples,
         "engine_storage": held,
         "engine_flatness": engine_flat,
+        "engine_graph_steps": steps,
         "latency_over_time": latency_over_time(latency, rate, sizes.sample_s),
         "sizes": asdict(sizes),
     }
@@ -383,6 +389,10 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
     for name, flat in report.get("engine_flatness", {}).items():
         rows.append((f"engine {name}", "n/a" if flat["change"] is None else
                      f"{flat['change']:+.1%} ({flat['start']:,.1f} -> {flat['end']:,.1f})"))
+    for step, mean in report.get("engine_graph_steps", {}).items():
+        if mean["start_ms"] is not None and mean["end_ms"] is not None:
+            rows.append((f"engine step {step}", f"{mean['start_ms']:,.1f} -> "
+                         f"{mean['end_ms']:,.1f} ms a batch"))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
