@@ -263,7 +263,8 @@ class AggregateStep:
     codec: StateCodec
     input_schema: StructType
     recomputed: int = 0  # groups of the last batch recomputed from all their rows
-    timings: dict[str, float] = field(default_factory=dict)  # of the last batch, in ms
+    # of the last batch: steps in ms (`*_ms`), and the groups changed and recomputed
+    timings: dict[str, float] = field(default_factory=dict)
 
     def changes(self, spark: SparkSession, changes: Sequence[Change], key_of: Callable[
                 [Key], str], states: Callable[[list[str]], tuple[Mapping[str, State], bool]],
@@ -323,9 +324,9 @@ class AggregateStep:
         recomputed = time.perf_counter()
         live = {k: s for k, s in new_states.items() if s[COUNT] > 0}
         new_rows = self.final(spark, live)
-        self.timings = {"partial": (partial_done - started) * 1000,
-                        "recompute": (recomputed - partial_done) * 1000,
-                        "final": (time.perf_counter() - recomputed) * 1000,
+        self.timings = {"partial_ms": (partial_done - started) * 1000,
+                        "recompute_ms": (recomputed - partial_done) * 1000,
+                        "final_ms": (time.perf_counter() - recomputed) * 1000,
                         "groups": len(keys), "recomputed": len(recompute)}
         out = changed_rows(keys, old_rows, new_rows)
         to_store = {texts[k]: (s if s[COUNT] > 0 else None) for k, s in new_states.items()

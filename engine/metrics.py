@@ -51,9 +51,10 @@ DEAD_LETTERS = Counter("viewgate_dead_letters",
 
 
 def observe_graph_steps(timings: Mapping[str, float]) -> None:
-    """One graph batch's step timings (milliseconds, keyed `<step>_ms` or `<step>`)."""
-    for step, ms in timings.items():
-        GRAPH_STEP_SECONDS.labels(step.removesuffix("_ms")).observe(ms / 1000)
+    """One graph batch's step timings: the `<step>_ms` entries (the others are counts)."""
+    for name, ms in timings.items():
+        if name.endswith("_ms"):
+            GRAPH_STEP_SECONDS.labels(name.removesuffix("_ms")).observe(ms / 1000)
 
 
 def graph_step_totals() -> dict[str, tuple[float, int]]:

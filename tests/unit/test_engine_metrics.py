@@ -26,7 +26,9 @@ def test_graph_step_timings_are_observed_and_totalled():
     from engine.metrics import graph_step_totals, observe_graph_steps
 
     before = graph_step_totals().get("test_step", (0.0, 0))
-    observe_graph_steps({"test_step_ms": 250.0})
-    observe_graph_steps({"test_step": 750.0})
-    spent, count = graph_step_totals()["test_step"]
+    observe_graph_steps({"test_step_ms": 250.0, "test_groups": 400})
+    observe_graph_steps({"test_step_ms": 750.0})
+    totals = graph_step_totals()
+    spent, count = totals["test_step"]
     assert count == before[1] + 2 and abs(spent - before[0] - 1.0) < 1e-9
+    assert "test_groups" not in totals  # a count, not a time
