@@ -122,15 +122,9 @@ def in_file(file_id: uuid.UUID, offset: int, size: int, cardinality: int) -> dic
             "offset": offset, "sizeInBytes": size, "cardinality": cardinality}
 
 
-def inline(rows: BitMap) -> dict[str, Any]:
-    """The log's description of a vector stored in it (Z85 needs whole 4-byte words:
-    zero padding, which `sizeInBytes` leaves out)."""
-    data = encode_vector(rows)
-    return {"storageType": "i", "pathOrInlineDv": z85_encode(data + bytes(-len(data) % 4)),
-            "sizeInBytes": len(data), "cardinality": len(rows)}
-
-
 def read_inline(dv: Mapping[str, Any]) -> BitMap:
+    """A vector stored in the log (Z85 of whole 4-byte words: zero padding past
+    `sizeInBytes`)."""
     return decode_vector(z85_decode(dv["pathOrInlineDv"])[:dv["sizeInBytes"]])
 
 

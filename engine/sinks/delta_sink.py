@@ -24,7 +24,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from engine.maintenance import MaintenanceResult, compact, history_seconds, maintain
+from engine import maintenance
+from engine.maintenance import MaintenanceResult, history_seconds
 from engine.sinks.dv_merge import DeletionVectorMerge, supports_deletion_vectors
 from schema.catalog import View
 from schema.delta_read import live_rows, plain_schema, values_filter
@@ -122,7 +123,7 @@ class DeltaSink:
         started = time.monotonic()
         table = self._load()
         if not supports_deletion_vectors(table):
-            return compact(self.path, target_file_bytes)
+            return maintenance.compact(self.path, target_file_bytes)
         removed, added = self._vectors.rewrite(table, target_file_bytes)
         return MaintenanceResult(removed, added, 0, time.monotonic() - started)
 
@@ -131,7 +132,7 @@ class DeltaSink:
         cleanup (engine.maintenance)."""
         started = time.monotonic()
         compacted = self.compact(target_file_bytes)
-        kept = maintain(self.path, self.view)
+        kept = maintenance.maintain(self.path, self.view)
         table = self._load()
         released = (self._vectors.delete_released_vectors(table, history_seconds(self.view))
                     if supports_deletion_vectors(table) else [])
