@@ -19,7 +19,6 @@ from typing import Any
 from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
 from engine.maintenance import MaintenanceSchedule
-from engine.memory import release_if_due
 from engine.metrics import MAINTENANCE_SECONDS, observe_rejected
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
@@ -158,7 +157,6 @@ class ViewCommitter:
             self.to_delta(pending)
         finally:
             IN_FLIGHT.pop(self.view.name, None)
-        release_if_due()  # what the batch freed, back to the system (engine.memory)
         return status
 
     def prepare(

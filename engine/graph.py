@@ -58,7 +58,6 @@ from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
 from engine.incremental import Change, Key, TableView, json_value, view_changes
 from engine.lineage import Lineage, lineage
-from engine.memory import release_if_due
 from engine.metrics import observe_graph_steps, observe_stream
 from engine.sinks.redis_sink import Before
 from engine.sources import classify_sources, read_kafka, source_columns, value_column
@@ -245,7 +244,6 @@ class GraphBatch:
                 IN_FLIGHT.pop(view.name, None)
         self.timings["batch_ms"] = (time.perf_counter() - started) * 1000
         observe_graph_steps(self.timings)
-        release_if_due()  # what the batch freed, back to the system (engine.memory)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("graph batch %d: %s", batch_id,
                       ", ".join(f"{k} {v:.0f}" for k, v in self.timings.items()),

@@ -18,7 +18,6 @@ from engine.failures import summarize
 from engine.generations import reconcile_generation
 from engine.graph import graph_sources, graph_views, start_graph_query
 from engine.maintenance import configure_table
-from engine.memory import use_system_allocator
 from engine.progress import ProgressRecorder
 from engine.sinks.delta_sink import ensure_table
 from engine.topics import ensure_view_topics
@@ -88,7 +87,6 @@ class Engine:
         self.graph_query: StreamingQuery | None = None
         self.view_queries: dict[str, StreamingQuery] = {}
         self.other_queries: list[StreamingQuery] = []
-        use_system_allocator()  # Arrow's free memory trimmed between batches (engine.memory)
 
     @property
     def queries(self) -> list[StreamingQuery]:
