@@ -58,7 +58,7 @@ from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
 from engine.incremental import Change, Key, TableView, json_value, view_changes
 from engine.lineage import Lineage, lineage
-from engine.metrics import observe_graph_steps, observe_stream
+from engine.metrics import observe_graph_steps, observe_rows_changed, observe_stream
 from engine.sinks.redis_sink import Before
 from engine.sources import classify_sources, read_kafka, source_columns, value_column
 from engine.stream_aggregates import META_MAX_EVENT_TIME, Seen, StreamAggregate, StreamBatch
@@ -222,6 +222,8 @@ class GraphBatch:
             if self._apply(batch_id, pending) == RETIRED:
                 return  # as above: the engine restarts the query on the new generation
             self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
+            for name, prepared in pending.items():
+                observe_rows_changed(name, len(prepared.events))
             for name, done in self.stream_batches.items():
                 observe_stream(name, done.late, done.meta.get(META_WATERMARK))
             for view in self.views:

@@ -46,6 +46,9 @@ GRAPH_STEP_SECONDS = Histogram(
     "`<View>_compute` and its parts, `apply` (Redis), `feed` (the change feeds), `delta` "
     "(the MERGEs, overlapping the feeds), `batch` (the whole).", ["step"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8))
+ROWS_CHANGED = Counter("viewgate_graph_rows_changed",
+                       "Rows the view graph's batches changed, each view's change events "
+                       "counted: what a batch's cost should follow.", ["view"])
 DEAD_LETTERS = Counter("viewgate_dead_letters",
                        "Malformed source records sent to the dead-letter topic.", ["source"])
 
@@ -55,6 +58,17 @@ def observe_graph_steps(timings: Mapping[str, float]) -> None:
     for name, ms in timings.items():
         if name.endswith("_ms"):
             GRAPH_STEP_SECONDS.labels(name.removesuffix("_ms")).observe(ms / 1000)
+
+
+def observe_rows_changed(view: str, rows: int) -> None:
+    ROWS_CHANGED.labels(view).inc(rows)
+
+
+def rows_changed_total() -> int:
+    """Rows the graph's batches changed so far, every view's together (a sampler in this
+    process differences it, with graph_step_totals' batch count)."""
+    return int(sum(sample.value for metric in ROWS_CHANGED.collect()
+                   for sample in metric.samples if sample.name.endswith("_total")))
 
 
 def graph_step_totals() -> dict[str, tuple[float, int]]:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from graphql import get_introspection_query
 from starlette.testclient import TestClient
+from websockets.exceptions import ConnectionClosed
 from ws_clients import GatewayServer, TransportWS
 
 from gateway.app import create_app
@@ -195,9 +196,9 @@ def gateway(gateway_shop, tmp_path_factory) -> Iterator[GatewayServer]:
         server.stop()
 
 
-async def _first_messages(url: str, documents: list[str]) -> list[dict]:
+async def _first_messages(gateway: GatewayServer, documents: list[str]) -> list[dict]:
     """The first message of each document's subscription (a deadline for each)."""
-    client = await TransportWS.open(url)
+    client = await TransportWS.open(gateway.url)
     try:
         out = []
         for document in documents:
@@ -208,6 +209,10 @@ async def _first_messages(url: str, documents: list[str]) -> list[dict]:
                     message = await client.receive(timeout_s=60)
                 except TimeoutError:
                     raise AssertionError(f"no first message in 60 s: {document}") from None
+                except ConnectionClosed as closed:
+                    raise AssertionError(f"connection ended ({closed}) waiting for the "
+                                         f"first message of {document}; "
+                                         f"{gateway.state()}") from closed
             out.append(message)
             await client.send({"id": op, "type": "complete"})
         return out
@@ -220,7 +225,7 @@ def test_every_subscription_field_is_served_with_no_error_and_no_null_where_non_
     walker = _introspect(client)
     assert walker.subscription is not None
     documents = _documents(client, walker, walker.subscription, "subscription")
-    messages = asyncio.run(_first_messages(gateway.url, [d for _, d in documents]))
+    messages = asyncio.run(_first_messages(gateway, [d for _, d in documents]))
     for (field, document), message in zip(documents, messages, strict=True):
         assert message["type"] == "next", (document, message)
         assert "errors" not in message["payload"], (document, message["payload"]["errors"])

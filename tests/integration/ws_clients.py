@@ -36,6 +36,7 @@ class GatewayServer:
                 "VIEWGATE_CATALOG": "shop_views:PREFIXED_CATALOG",
                 "SHOP_TOPIC_PREFIX": prefix,
                 "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+                "PYTHONFAULTHANDLER": "1",  # a crash of the process leaves its stack in the log
                 **env,
             },
         )
@@ -66,6 +67,12 @@ class GatewayServer:
 
     def stop(self) -> None:
         self.process.stop()
+
+    def state(self) -> str:
+        """Whether the process runs, and the end of its log: for a test's failure message
+        when a connection ends unexpectedly."""
+        log = self.process.log_path.read_text(errors="replace")[-3000:]
+        return f"gateway {'running' if self.process.alive() else 'DEAD'}; its log ends:\n{log}"
 
 
 def small_socket(port: int, receive_buffer: int = 4096) -> socket.socket:

@@ -32,3 +32,13 @@ def test_graph_step_timings_are_observed_and_totalled():
     spent, count = totals["test_step"]
     assert count == before[1] + 2 and abs(spent - before[0] - 1.0) < 1e-9
     assert "test_groups" not in totals  # a count, not a time
+
+
+def test_rows_changed_are_totalled_over_views():
+    from engine.metrics import observe_rows_changed, rows_changed_total
+
+    before = rows_changed_total()
+    observe_rows_changed("test_view_a", 120)
+    observe_rows_changed("test_view_b", 30)
+    observe_rows_changed("test_view_a", 0)
+    assert rows_changed_total() - before == 150

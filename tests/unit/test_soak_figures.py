@@ -53,6 +53,7 @@ def test_engine_flatness_compares_the_start_with_the_end():
     assert out["checkpoint_bytes"]["flat"] is True
     assert out["redis_bytes_per_row"]["change"] == 0.0
     assert out["batch_ms"]["flat"] is None  # no batch time recorded: not judged
+    assert out["delta_live_data_bytes_per_row"]["flat"] is None  # not sampled: not judged
 
 
 def test_bytes_on_disk_count_files_and_skip_one_renamed_while_listed(tmp_path, monkeypatch):
@@ -104,3 +105,20 @@ def test_graph_step_means_come_from_the_histograms_totals():
     assert steps["read"] == {"start_ms": None, "end_ms": 50.0, "change": None}
     assert graph_steps([], 100.0, 10.0) == {}
 
+
+
+def test_batch_time_per_changed_row_follows_the_rows_a_batch_changes():
+    from viewgate.bench.engine_storage import per_changed_row
+
+    # 10 batches a window. At first 100 ms and 200 rows a batch; at the end 300 ms and
+    # 600 rows: three times the work, the same 500 ms per thousand rows.
+    totals = [(0.0, {"batch": (0.0, 0)}), (10.0, {"batch": (1.0, 10)}),
+              (20.0, {"batch": (2.0, 20)}), (90.0, {"batch": (9.0, 60)}),
+              (100.0, {"batch": (12.0, 70)})]
+    changed = [(0.0, 0), (10.0, 2_000), (20.0, 4_000), (90.0, 20_000), (100.0, 26_000)]
+    out = per_changed_row(totals, changed, duration_s=100.0, window_s=10.0)
+    assert out["rows_per_batch"] == {"start": 200.0, "end": 600.0, "change": 2.0,
+                                     "flat": False}
+    assert out["batch_ms_per_1000_rows"] == {"start": 500.0, "end": 500.0, "change": 0.0,
+                                             "flat": True}
+    assert per_changed_row([], [], 100.0, 10.0)["rows_per_batch"]["start"] is None

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 from deltalake import DeltaTable
 
@@ -51,17 +53,22 @@ def _file_bytes(path: Path) -> int:
     return stat.st_size if path.is_file() else 0
 
 
-def _delta_rows(settings: Settings, view: str) -> int:
+def _delta_rows(settings: Settings, view: str) -> tuple[int, int]:
+    """(live rows, bytes of the data files of the latest version) of the view's table."""
     try:
         table = DeltaTable(delta_table_path(settings.delta_location, view, 0))
     except Exception:  # noqa: BLE001 - not created yet
-        return 0
-    return live_row_count(table)  # not the files' statistics: they count deleted rows too
+        return 0, 0
+    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
+    # Rows: not the files' statistics, which count deleted rows too.
+    return live_row_count(table), int(pc.sum(sizes).as_py() or 0)
 
 
 def sample(settings: Settings, catalog: Catalog, client: redis.Redis) -> dict[str, float]:
     """One sample of what the engine holds (see the module docstring)."""
-    rows = sum(_delta_rows(settings, view) for view in catalog.views)
+    tables = [_delta_rows(settings, view) for view in catalog.views]
+    rows = sum(count for count, _ in tables)
+    live_bytes = sum(size for _, size in tables)
     kinds = _bytes_by_kind(settings.delta_location)
     delta_bytes = sum(kinds.values())
     memory = int(client.info("memory")["used_memory"])
@@ -72,6 +79,9 @@ def sample(settings: Settings, catalog: Catalog, client: redis.Redis) -> dict[st
         "delta_bytes": delta_bytes,
         "delta_bytes_per_row": delta_bytes / rows if rows else 0.0,
         **{f"delta_{kind}_bytes": size for kind, size in kinds.items()},
+        # The latest version's data files only: what the table costs without the `history`
+        # kept for `asOf` (and without its deletion vectors, at most a bit a row).
+        "delta_live_data_bytes_per_row": live_bytes / rows if rows else 0.0,
         "checkpoint_bytes": _bytes_under(settings.checkpoint_location),
         "redis_used_bytes": memory,
         "redis_bytes_per_row": memory / rows if rows else 0.0,
@@ -80,7 +90,8 @@ def sample(settings: Settings, catalog: Catalog, client: redis.Redis) -> dict[st
 
 
 # The series that must stay flat (per row where the data grows with the traffic).
-FLAT_SERIES = ("delta_bytes_per_row", "checkpoint_bytes", "redis_bytes_per_row", "batch_ms")
+FLAT_SERIES = ("delta_bytes_per_row", "delta_live_data_bytes_per_row", "checkpoint_bytes",
+               "redis_bytes_per_row", "batch_ms")
 
 
 def flatness(samples: Sequence[tuple[float, Mapping[str, float]]], duration_s: float,
@@ -89,8 +100,8 @@ def flatness(samples: Sequence[tuple[float, Mapping[str, float]]], duration_s: f
     over the last window, and whether they are within FLAT_LIMIT of each other."""
     out: dict[str, dict[str, Any]] = {}
     for name in FLAT_SERIES:
-        start = [s[name] for t, s in samples if window_s <= t < 2 * window_s]
-        end = [s[name] for t, s in samples if t >= duration_s - window_s]
+        start = [s[name] for t, s in samples if window_s <= t < 2 * window_s and name in s]
+        end = [s[name] for t, s in samples if t >= duration_s - window_s and name in s]
         if not start or not end or statistics.median(start) == 0:
             out[name] = {"start": None, "end": None, "change": None, "flat": None}
             continue
@@ -127,4 +138,42 @@ def graph_steps(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]], d
         change = round(last / first - 1, 4) if first and last is not None else None
         out[step] = {"start_ms": None if first is None else round(first, 1),
                      "end_ms": None if last is None else round(last, 1), "change": change}
+    return out
+
+
+def per_changed_row(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]],
+                    changed: Sequence[tuple[float, int]], duration_s: float,
+                    window_s: float) -> dict[str, dict[str, Any]]:
+    """The rows a graph batch changed (engine.metrics.rows_changed_total, sampled with the
+    step totals as (seconds since the start, rows so far)) and the batch's time per
+    thousand of them, over the window after a warm-up window and over the last window.
+    A batch should cost what it changes: when the traffic changes more rows a batch as
+    the views grow (the demo's orders fall on more distinct customers), the batch time
+    grows with it while its time per changed row stays flat."""
+
+    def at(series: Sequence[tuple[float, Any]], t: float) -> Any:
+        return next((sample for when, sample in series if when >= t), None)
+
+    def window(first_t: float, last_t: float | None) -> tuple[float, float] | None:
+        """(rows a batch, milliseconds per thousand rows) between the two times."""
+        steps = (at(totals, first_t), totals[-1][1] if last_t is None else at(totals, last_t))
+        rows = (at(changed, first_t), changed[-1][1] if last_t is None else at(changed, last_t))
+        if None in steps or None in rows or "batch" not in steps[1]:
+            return None
+        spent, count = steps[1]["batch"]
+        spent0, count0 = steps[0].get("batch", (0.0, 0))
+        batches, changed_rows = count - count0, rows[1] - rows[0]
+        if batches <= 0 or changed_rows <= 0:
+            return None
+        return changed_rows / batches, (spent - spent0) * 1000 / changed_rows * 1000
+
+    start = window(window_s, 2 * window_s) if totals and changed else None
+    end = window(duration_s - window_s, None) if totals and changed else None
+    out: dict[str, dict[str, Any]] = {}
+    for index, name in enumerate(("rows_per_batch", "batch_ms_per_1000_rows")):
+        first = None if start is None else round(start[index], 1)
+        last = None if end is None else round(end[index], 1)
+        change = round(last / first - 1, 4) if first and last is not None else None
+        out[name] = {"start": first, "end": last, "change": change,
+                     "flat": None if change is None else abs(change) <= FLAT_LIMIT}
     return out

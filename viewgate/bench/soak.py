@@ -146,7 +146,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     """The soak in this process (Spark here); returns the report (see the module doc)."""
     import os
 
-    from engine.metrics import graph_step_totals
+    from engine.metrics import graph_step_totals, rows_changed_total
     from engine.runner import start_all
     from viewgate.bench.engine import catalog_on_topics, wait_started
     from viewgate.bench.gateway import customer_rows, point_body
@@ -219,6 +219,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
                     "engine_driver": os.getpid()}
             samples: dict[str, list[tuple[float, int]]] = {name: [] for name in pids}
             step_totals: list[tuple[float, dict[str, tuple[float, int]]]] = []
+            changed: list[tuple[float, int]] = []  # rows the graph's batches changed
             sampled = new_event()
             started_at = time.time()
             storage = Worker("engine storage", sample_engine_storage, settings, catalog,
@@ -231,6 +232,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
                     if kb is not None:
                         samples[name].append((now, kb))
                 step_totals.append((now, graph_step_totals()))  # the engine runs here
+                changed.append((now, rows_changed_total()))
                 if load.done(sizes.sample_s):
                     break
             sampled.set()
@@ -262,6 +264,8 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     growth = {name: memory_growth(series, duration_s) for name, series in samples.items()}
     engine_flat = engine_storage.flatness(held, duration_s, growth_window(duration_s))
     steps = engine_storage.graph_steps(step_totals, duration_s, growth_window(duration_s))
+    per_row = engine_storage.per_changed_row(step_totals, changed, duration_s,
+                                             growth_window(duration_s))
     latency = loaded["latency_ms"]
     problems = verdict(errors, growth["gateway"])
     return {
@@ -288,6 +292,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
         "engine_storage": held,
         "engine_flatness": engine_flat,
         "engine_graph_steps": steps,
+        "engine_per_changed_row": per_row,
         "latency_over_time": latency_over_time(latency, rate, sizes.sample_s),
         "sizes": asdict(sizes),
     }
@@ -352,6 +357,11 @@ def save_soak_plot(report: dict[str, Any], path: Path) -> Path:
                 label="engine batch (s)")
     engine.plot([t for t, _ in held], [s["delta_bytes_per_row"] / 100 for _, s in held],
                 label="Delta bytes per row / 100")
+    live = [(t, s["delta_live_data_bytes_per_row"]) for t, s in held
+            if "delta_live_data_bytes_per_row" in s]
+    if live:
+        engine.plot([t for t, _ in live], [b / 100 for _, b in live],
+                    label="latest version's data bytes per row / 100")
     engine.set_xlabel("seconds into the soak")
     engine.grid(True, alpha=0.3)
     engine.legend()
@@ -387,6 +397,9 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
                      f"{growth['growth']:+.1%} ({growth['baseline_kb'] / 1024:,.0f} -> "
                      f"{growth['final_kb'] / 1024:,.0f} MiB)"))
     for name, flat in report.get("engine_flatness", {}).items():
+        rows.append((f"engine {name}", "n/a" if flat["change"] is None else
+                     f"{flat['change']:+.1%} ({flat['start']:,.1f} -> {flat['end']:,.1f})"))
+    for name, flat in report.get("engine_per_changed_row", {}).items():
         rows.append((f"engine {name}", "n/a" if flat["change"] is None else
                      f"{flat['change']:+.1%} ({flat['start']:,.1f} -> {flat['end']:,.1f})"))
     for step, mean in report.get("engine_graph_steps", {}).items():
