@@ -36,14 +36,37 @@ plain function in the ASGI scope's extensions (`SEND_NOW`, an ASGI extension as 
 allows): it writes a text frame at once and says so, or answers False when the frame must
 take the ASGI `send` (the handshake not complete, the connection closing or closed, the
 transport's buffer full: that path waits for room and reports the disconnect).
+
+A browser tab's graphql-transport-ws keep-alive is a `ping` message every so often (20 s in
+the browsers bench), and answering it through the application cost about 200 microseconds
+of the gateway's CPU: the frame queued for the application, its task woken, Strawberry's
+receive chain and handler, the pong sent back. Ten thousand idle tabs are 500 a second,
+about a tenth of a core. So the protocol answers them itself once the application asks it
+to (`KEEP_ALIVE_BUDGET` in the ASGI scope's extensions, gateway.subscriptions.message_rate):
+the graphql-transport-ws handler does, once it has acknowledged the connection, and hands
+over its connection's message budget. From then on a whole text frame under
+`KEEP_ALIVE_MAX_BYTES` that is a `ping` is answered here with a `pong` (with the ping's
+payload, as graphql-ws's own server answers), and a `pong` (the server sends no pings of
+its own: nothing waits for one, Strawberry's handler drops it) is dropped here; each spends
+one message of the budget, as through the handler. Anything else goes to the application,
+as does any doubt: a frame that does not parse or has other fields, messages waiting for the
+application before it (their order is kept), a connection not open for writing now, and the
+message the budget refuses (the handler then closes the connection with 4029, and counts
+it). Before the acknowledgement, and on the legacy `graphql-ws` protocol, nothing is
+answered here. The pong may go out before answers to earlier messages the application is
+still working on, as graphql-ws's server's does: the protocol asks for a pong "as soon as
+possible", not in order. The client's frame still counts as a sign of life
+(`received_at`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 from websockets.extensions.permessage_deflate import (
@@ -51,13 +74,18 @@ from websockets.extensions.permessage_deflate import (
     ServerPerMessageDeflateFactory,
 )
 from websockets.frames import Frame, Opcode
+from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from gateway.subscriptions.live_operations import SEND_NOW
+from gateway.subscriptions.message_rate import KEEP_ALIVE_BUDGET
 
 WINDOW_BITS = 12  # as uvicorn's
 COMPRESS_SETTINGS = {"memLevel": 5}  # as uvicorn's
 COMPRESS_MIN_BYTES = 256
+KEEP_ALIVE_MAX_BYTES = 256  # a longer frame is not parsed here: the application reads it
+PONG = b'{"type":"pong"}'
+KEEP_ALIVE_FIELDS = frozenset(("type", "payload"))
 
 
 class SmallUncompressed(PerMessageDeflate):
@@ -172,6 +200,9 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
                                        logger=self.conn.logger)
 
     received_at = 0.0  # loop time of the last data from the client
+    # The connection's message budget (KEEP_ALIVE_BUDGET): set, graphql-transport-ws pings
+    # and pongs are answered here.
+    keep_alive_take: Callable[[], bool] | None = None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -182,15 +213,21 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)  # None: the handshake was refused
         if scope is not None:
             scope["extensions"][SEND_NOW] = self.send_now
+            scope["extensions"][KEEP_ALIVE_BUDGET] = self.answer_keep_alive
+
+    def writable_now(self) -> bool:
+        """Whether a frame may be written at once: the handshake answered, no close sent
+        or received, the client there, the transport not asking writers to wait."""
+        return self.handshake_complete and not self.close_sent and not self.disconnected \
+            and self.initial_response is None and self.writable.is_set() \
+            and not self.transport.is_closing() and self.conn.state is State.OPEN
 
     def send_now(self, text: str) -> bool:
         """Write a text frame now (with the other writes of this turn of the loop): True.
         False when it must go through the ASGI `send` instead: before the handshake's
         answer, once a close was sent or the client is gone, or while the transport asks
         writers to wait."""
-        if not self.handshake_complete or self.close_sent or self.disconnected \
-                or self.initial_response is not None or not self.writable.is_set() \
-                or self.transport.is_closing():
+        if not self.writable_now():
             return False
         try:
             self.conn.send_text(text.encode())
@@ -199,10 +236,48 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.write(b"".join(self.conn.data_to_send()))
         return True
 
+    def answer_keep_alive(self, take: Callable[[], bool]) -> None:
+        """KEEP_ALIVE_BUDGET: from now on, answer this graphql-transport-ws connection's
+        pings and drop its pongs here, each spending one message through `take()`."""
+        self.keep_alive_take = take
+
+    def handle_text(self, event: Frame) -> None:
+        if self.keep_alive_take is not None and event.fin \
+                and len(event.data) < KEEP_ALIVE_MAX_BYTES and self.keep_alive(event.data):
+            return
+        super().handle_text(event)
+
+    def keep_alive(self, data: bytes) -> bool:
+        """Answer a graphql-transport-ws `ping` with a `pong`, or drop a `pong`: True. False:
+        the application reads the message (not one of these, or in doubt, or past the
+        connection's budget)."""
+        if not self.queue.empty() or not self.writable_now():
+            return False  # after the messages waiting for the application; or by its `send`
+        try:
+            message = orjson.loads(data)
+        except orjson.JSONDecodeError:  # not JSON, or not UTF-8
+            return False
+        if type(message) is not dict or not message.keys() <= KEEP_ALIVE_FIELDS:
+            return False
+        kind = message.get("type")
+        payload = message.get("payload")
+        if kind not in ("ping", "pong") or not (payload is None or type(payload) is dict):
+            return False
+        take = self.keep_alive_take
+        if take is None or not take():
+            return False  # past the budget: the application closes the connection (4029)
+        if kind == "ping":
+            self.conn.send_text(PONG if payload is None
+                                else orjson.dumps({"type": "pong", "payload": payload}))
+            self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
+
     def connection_lost(self, exc: Exception | None) -> None:
         scope = getattr(self, "scope", None)
         if scope is not None:  # the scope would otherwise hold the protocol in a cycle
             scope["extensions"].pop(SEND_NOW, None)
+            scope["extensions"].pop(KEEP_ALIVE_BUDGET, None)
+        self.keep_alive_take = None  # ... and the application's budget hold the protocol
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

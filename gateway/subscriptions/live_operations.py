@@ -451,10 +451,14 @@ class LiveOperations:
             return None
         send_now = self._send_now
         if send_now is None:
-            ws = getattr(self.websocket, "ws", None)  # type: ignore[attr-defined]
-            scope = getattr(ws, "scope", None) or {}
-            send_now = self._send_now = scope.get("extensions", {}).get(SEND_NOW) or False
+            send_now = self._send_now = self.scope_extensions().get(SEND_NOW) or False
         return send_now or None
+
+    def scope_extensions(self) -> dict[str, Any]:
+        """The ASGI extensions the server offers this connection (its scope's)."""
+        ws = getattr(self.websocket, "ws", None)  # type: ignore[attr-defined]
+        scope = getattr(ws, "scope", None) or {}
+        return scope.get("extensions") or {}
 
     async def room_for(self, mark: int) -> None:
         """Wait until fewer than `mark` frames wait to be written. An opening (a replay

@@ -4,12 +4,24 @@ In-process and per connection on purpose: a connection lives in one gateway proc
 the budget is what keeps one client's message flood (pings, subscribe/complete churn) from
 taking the event loop from everyone else. Requests over HTTP have their own limit in Redis
 (gateway.access.rate_limit); this one needs no round trip per message.
+
+A server may answer a graphql-transport-ws connection's keep-alive messages itself, without
+waking the application (uvicorn as the gateway runs it does: viewgate.websocket_protocol).
+It offers that in the ASGI scope's extensions under `KEEP_ALIVE_BUDGET`: a function the
+application calls with the connection's `take` (spend one message; False once past the
+budget). The budget stays the application's, one per connection, and so does what happens
+past it: the server hands the refused message on to the application, which closes.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+# The ASGI scope extension: `offer(take: Callable[[], bool]) -> None`. Once offered, the
+# server answers each graphql-transport-ws `ping` with a `pong` and drops each `pong`, after
+# `take()` allows it; the message `take()` refuses, and any other, goes to the application.
+KEEP_ALIVE_BUDGET = "viewgate.websocket.keep_alive_budget"
 
 
 class MessageBudget:

@@ -6,7 +6,9 @@ the connection's role: its schema and row rules (gateway.access.access); without
 payload, the handshake's `Authorization` header counts. A bad token closes a
 `graphql-transport-ws` connection with 4403 and the reason; the legacy protocol answers
 `connection_error` with it, then closes with 4403 and the reason too. A connection sending
-messages faster than `gateway_ws_messages_per_s` (after its burst) is closed with 4029."""
+messages faster than `gateway_ws_messages_per_s` (after its burst) is closed with 4029.
+Once a graphql-transport-ws connection is acknowledged, the server may answer its pings
+itself, spending the same budget (KEEP_ALIVE_BUDGET, gateway.subscriptions.message_rate)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from gateway.access.auth import Unauthenticated
 from gateway.access.rate_limit import LIMITED
 from gateway.ops.metrics import WEBSOCKETS
 from gateway.subscriptions.live_operations import LiveOperations, Plans
-from gateway.subscriptions.message_rate import MessageBudget
+from gateway.subscriptions.message_rate import KEEP_ALIVE_BUDGET, MessageBudget
 from gateway.subscriptions.operation_starts import OperationStarts, enter, leave
 from gateway.subscriptions.subscriptions import SubscriptionContext
 from gateway.subscriptions.ws_admission import Admission
@@ -121,15 +123,23 @@ class MessageRate:
             leave(token)
             self.starts.settle_when_done(op, task_of())
 
+    def take(self) -> bool:
+        """Spend one message of the connection's budget: False once past it. (The server
+        spends it too for the pings it answers itself: KEEP_ALIVE_BUDGET.)"""
+        if self._over:
+            return False
+        if self._budget is None:
+            self._budget = MessageBudget(*self.view.message_rate)  # type: ignore[attr-defined]
+        return self._budget.take()
+
     async def over_budget(self, message: Any = None) -> bool:
         if not (isinstance(message, dict) and message.get("type") in KEEP_ALIVE):
             await asyncio.sleep(0)  # the other connections' turn first
         if self._over:
             return True
-        if self._budget is None:
-            self._budget = MessageBudget(*self.view.message_rate)  # type: ignore[attr-defined]
-        if self._budget.take():
+        if self.take():
             return False
+        assert self._budget is not None
         self._over = True
         LIMITED.labels("websocket_message").inc()
         await self.websocket.close(  # type: ignore[attr-defined]
@@ -176,6 +186,19 @@ class TransportWSHandler(MessageRate, LiveOperations, BaseGraphQLTransportWSHand
             self.connection_init_timeout_task = None
         if self.connection_acknowledged and self.context.schema is not None:
             self.schema = self.context.schema  # the role's schema (on_ws_connect chose it)
+        if self.connection_acknowledged:
+            # Pings from now on answered by the server, if it offers to, on this budget.
+            # (Before the acknowledgement they come here, in order with connection_init.)
+            offer = self.scope_extensions().get(KEEP_ALIVE_BUDGET)
+            if offer is not None:
+                offer(self.take)
+
+    async def handle_ping(self, message: Any) -> None:
+        # The ping's payload back, as graphql-ws's own server and the gateway's protocol
+        # (viewgate.websocket_protocol) answer; Strawberry's pong has none.
+        payload = message.get("payload")
+        await self.send_message({"type": "pong", "payload": payload}
+                                if isinstance(payload, dict) else {"type": "pong"})
 
     async def handle_message(self, message: Any) -> None:
         if await self.over_budget(message):

@@ -1,0 +1,260 @@
+"""graphql-transport-ws keep-alive answered by the gateway's websocket protocol
+(viewgate.websocket_protocol) without waking the application, on the connection's own
+message budget (gateway.subscriptions.message_rate): driven through uvicorn's protocol as the
+gateway runs it, in front of the gateway's GraphQL websocket application."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import strawberry
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.typing import Subprotocol
+from websockets.uri import parse_uri
+
+from gateway.subscriptions.message_rate import KEEP_ALIVE_BUDGET
+from gateway.subscriptions.websocket import GraphQLWebSocket
+from schema.settings import Settings
+from viewgate.websocket_protocol import KEEP_ALIVE_MAX_BYTES, GatewayWebSocketProtocol
+
+TRANSPORT_WS = "graphql-transport-ws"
+LEGACY_WS = "graphql-ws"
+
+
+class Transport:
+    """What uvicorn's protocol uses of an asyncio transport."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def take(self) -> bytes:
+        data, self.data = bytes(self.data), bytearray()
+        return data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000),
+                "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+
+@strawberry.type
+class Query:
+    @strawberry.field
+    def hello(self) -> str:
+        return "world"
+
+
+@strawberry.type
+class Subscription:
+    @strawberry.subscription
+    async def nothing(self) -> AsyncIterator[str]:  # pragma: no cover - not subscribed
+        yield "never"
+
+
+class Tab:
+    """One client of a GatewayWebSocketProtocol in front of the gateway's GraphQL websocket
+    application; `received` is what reached the application (its ASGI `receive`)."""
+
+    def __init__(self, subprotocol: str, settings: Settings) -> None:
+        self.subprotocol = subprotocol
+        self.view = GraphQLWebSocket(strawberry.Schema(query=Query, subscription=Subscription),
+                                     settings)
+        self.received: list[dict] = []
+        self.transport = Transport()
+        self.client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/graphql"),
+                                     subprotocols=[Subprotocol(subprotocol)])
+        self.frames: list[Frame] = []
+
+    async def app(self, scope: dict, receive: Callable[[], Awaitable[dict]],
+                  send: Callable[[dict], Awaitable[None]]) -> None:
+        async def recording() -> dict:
+            message = await receive()
+            self.received.append(message)
+            return message
+        await self.view(scope, recording, send)
+
+    async def open(self) -> None:
+        config = Config(app=self.app, interface="asgi3", ws_per_message_deflate=False,
+                        lifespan="off")
+        config.load()
+        self.protocol = GatewayWebSocketProtocol(config, ServerState(), {})
+        self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
+        self.client.send_request(self.client.connect())
+        self.protocol.data_received(b"".join(self.client.data_to_send()))
+        await self.settle()
+        self.client.receive_data(self.transport.take())
+        [response] = self.client.events_received()
+        assert response.status_code == 101  # type: ignore[attr-defined]
+        assert response.headers["Sec-WebSocket-Protocol"] == self.subprotocol  # type: ignore[attr-defined]
+
+    async def send(self, *messages: dict | bytes) -> None:
+        """The messages in one read of the server (one data_received)."""
+        for message in messages:
+            self.client.send_text(message if isinstance(message, bytes)
+                                  else orjson.dumps(message))
+        self.protocol.data_received(b"".join(self.client.data_to_send()))
+        await self.settle()
+
+    async def settle(self) -> None:
+        """Let the application and the coalesced writes run their course."""
+        for _ in range(50):
+            await asyncio.sleep(0)
+
+    def take(self) -> list[dict]:
+        """The messages written to the client since the last take (a close: its code)."""
+        self.client.receive_data(self.transport.take())
+        got: list[dict] = []
+        for frame in self.client.events_received():
+            if frame.opcode is Opcode.TEXT:
+                got.append(orjson.loads(frame.data))
+            elif frame.opcode is Opcode.CLOSE:
+                close = self.client.close_rcvd
+                assert close is not None
+                got.append({"close": close.code, "reason": close.reason})
+        return got
+
+    def texts_received(self) -> list[dict]:
+        """The text messages that reached the application."""
+        return [orjson.loads(m["text"]) for m in self.received
+                if m["type"] == "websocket.receive"]
+
+    async def acknowledged(self) -> None:
+        await self.open()
+        await self.send({"type": "connection_init"})
+        assert self.take()[0]["type"] == "connection_ack"
+
+    async def close(self) -> None:
+        """The client gone: the application ends."""
+        self.protocol.connection_lost(None)
+        await self.settle()
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())
+
+
+def test_an_acknowledged_connections_pings_are_answered_without_the_application() -> None:
+    async def scenario() -> None:
+        tab = Tab(TRANSPORT_WS, Settings(gateway_ws_messages_per_s=0.001))
+        await tab.acknowledged()
+        assert tab.protocol.keep_alive_take is not None  # the handler handed its budget over
+        reached = len(tab.texts_received())
+        before = tab.protocol.received_at
+        await tab.send({"type": "ping"})
+        assert tab.take() == [{"type": "pong"}]
+        assert tab.protocol.received_at > before  # a tab that pings is alive
+        # The payload back, as graphql-ws's server answers; a pong dropped: none of the three
+        # reached the application.
+        await tab.send({"type": "ping", "payload": {"at": 1}}, {"type": "pong"},
+                       {"type": "pong", "payload": {"at": 2}})
+        assert tab.take() == [{"type": "pong", "payload": {"at": 1}}]
+        assert len(tab.texts_received()) == reached
+        # The budget was spent for each (the handler's: connection_init, then four here).
+        budget = tab.protocol.keep_alive_take.__self__._budget  # type: ignore[union-attr]
+        assert round(budget.burst - budget.tokens) == 5
+        await tab.close()
+        assert KEEP_ALIVE_BUDGET not in tab.protocol.scope["extensions"]
+        assert tab.protocol.keep_alive_take is None  # no cycle left through it
+    run(scenario)
+
+
+def test_anything_but_a_plain_ping_or_pong_goes_to_the_application() -> None:
+    big = {"type": "ping", "payload": {"pad": "x" * KEEP_ALIVE_MAX_BYTES}}
+    others: list[dict | bytes] = [
+        {"id": "q", "type": "subscribe", "payload": {"query": "{ hello }"}},
+        {"type": "ping", "id": "x"},  # another field: in doubt
+        {"type": "ping", "payload": "text"},  # a payload that is no object
+        big,  # too long to be parsed here
+    ]
+
+    async def scenario() -> None:
+        tab = Tab(TRANSPORT_WS, Settings())
+        await tab.acknowledged()
+        for message in others:
+            reached = len(tab.texts_received())
+            await tab.send(message)
+            assert tab.texts_received()[reached:] == [message]
+        assert tab.take() == [
+            {"id": "q", "type": "next", "payload": {"data": {"hello": "world"}}},
+            {"id": "q", "type": "complete"},
+            {"type": "pong"}, {"type": "pong"},  # Strawberry's answers (the handler's)
+            {"type": "pong", "payload": big["payload"]},
+        ]
+        # Not JSON: the application answers it (4400), as before.
+        await tab.send(b"not json")
+        assert tab.received[-1] == {"type": "websocket.receive", "text": "not json"}
+        assert tab.take()[0]["close"] == 4400
+        await tab.close()
+    run(scenario)
+
+
+def test_pings_before_the_acknowledgement_go_to_the_application_in_order() -> None:
+    async def scenario() -> None:
+        tab = Tab(TRANSPORT_WS, Settings())
+        await tab.open()
+        await tab.send({"type": "ping"})  # before connection_init: Strawberry answers it
+        assert tab.take() == [{"type": "pong"}]
+        assert tab.texts_received() == [{"type": "ping"}]
+        # In the read with connection_init: after its acknowledgement, through the handler.
+        await tab.send({"type": "connection_init"}, {"type": "ping"})
+        assert tab.take() == [{"type": "connection_ack"}, {"type": "pong"}]
+        assert [m["type"] for m in tab.texts_received()] == ["ping", "connection_init", "ping"]
+        await tab.close()
+    run(scenario)
+
+
+def test_a_ping_flood_is_closed_with_4029_by_the_application() -> None:
+    async def scenario() -> None:
+        burst = 5
+        tab = Tab(TRANSPORT_WS, Settings(gateway_ws_messages_per_s=0.001,
+                                         gateway_ws_messages_burst=burst))
+        await tab.acknowledged()  # connection_init: one of the burst
+        await tab.send(*[{"type": "ping"}] * (3 * burst))
+        got = tab.take()
+        # The rest of the burst answered here, the first refused ping (and those after it)
+        # handed to the application, which closes with 4029 and says why.
+        assert got[:-1] == [{"type": "pong"}] * (burst - 1)
+        assert got[-1]["close"] == 4029
+        assert "gateway_ws_messages_per_s" in got[-1]["reason"]
+        # The application read connection_init and the refused ping, then closed.
+        assert tab.texts_received() == [{"type": "connection_init"}, {"type": "ping"}]
+        await tab.close()
+    run(scenario)
+
+
+def test_the_legacy_protocol_is_not_intercepted() -> None:
+    async def scenario() -> None:
+        tab = Tab(LEGACY_WS, Settings())
+        await tab.open()
+        await tab.send({"type": "connection_init"})
+        assert tab.take()[0]["type"] == "connection_ack"
+        assert tab.protocol.keep_alive_take is None
+        # subscriptions-transport-ws has no `ping`: the legacy handler's answer, as before.
+        await tab.send({"type": "ping"})
+        assert tab.texts_received()[-1] == {"type": "ping"}
+        assert [m for m in tab.take() if m["type"] != "ka"] == [
+            {"type": "error", "id": None,
+             "payload": {"message": "invalid message type 'ping'"}}]
+        await tab.close()
+    run(scenario)
