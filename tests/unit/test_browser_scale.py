@@ -498,6 +498,7 @@ def test_live_frames_and_pongs_are_written_at_once_when_the_server_offers_it() -
 
 
 def test_the_protocol_writes_a_frame_now_only_while_the_connection_is_open() -> None:
+    from fake_transport import Transport
     from uvicorn.config import Config
     from uvicorn.server import ServerState
     from websockets.client import ClientProtocol
@@ -506,38 +507,6 @@ def test_the_protocol_writes_a_frame_now_only_while_the_connection_is_open() -> 
 
     from gateway.subscriptions.live_operations import SEND_NOW
     from viewgate.websocket_protocol import GatewayWebSocketProtocol
-
-    class Transport:
-        """What uvicorn's protocol uses of an asyncio transport."""
-
-        def __init__(self) -> None:
-            self.data = bytearray()
-            self.closing = False
-            self.written = asyncio.Event()
-
-        def write(self, data: bytes) -> None:
-            self.data += data
-            self.written.set()
-
-        def take(self) -> bytes:
-            data, self.data = bytes(self.data), bytearray()
-            return data
-
-        def is_closing(self) -> bool:
-            return self.closing
-
-        def close(self) -> None:
-            self.closing = True
-
-        def pause_reading(self) -> None:
-            pass
-
-        def resume_reading(self) -> None:
-            pass
-
-        def get_extra_info(self, name: str, default=None):
-            return {"peername": ("127.0.0.1", 50000),
-                    "sockname": ("127.0.0.1", 8000)}.get(name, default)
 
     async def main() -> None:
         accepted = asyncio.Event()

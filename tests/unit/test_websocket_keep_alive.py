@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import orjson
 import strawberry
+from fake_transport import Transport
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 from websockets.client import ClientProtocol
@@ -25,37 +25,6 @@ from viewgate.websocket_protocol import KEEP_ALIVE_MAX_BYTES, GatewayWebSocketPr
 
 TRANSPORT_WS = "graphql-transport-ws"
 LEGACY_WS = "graphql-ws"
-
-
-class Transport:
-    """What uvicorn's protocol uses of an asyncio transport."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def take(self) -> bytes:
-        data, self.data = bytes(self.data), bytearray()
-        return data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 50000),
-                "sockname": ("127.0.0.1", 8000)}.get(name, default)
 
 
 @strawberry.type
