@@ -130,8 +130,13 @@ def test_the_soak_runs_end_to_end_tiny(spark, settings, tmp_path):
     held = [sample for _, sample in written["engine_storage"]]
     assert len(held) >= 10 and held[-1]["delta_rows"] > 0 and held[-1]["delta_bytes"] > 0
     assert held[-1]["redis_used_bytes"] > 0 and held[-1]["checkpoint_bytes"] > 0
-    assert set(written["engine_flatness"]) == {"delta_bytes_per_row", "checkpoint_bytes",
-                                               "redis_bytes_per_row", "batch_ms"}
+    assert set(written["engine_flatness"]) == {
+        "delta_bytes_per_row", "delta_live_data_bytes_per_row", "checkpoint_bytes",
+        "redis_bytes_per_row", "batch_ms"}
+    # The latest version's data files hold every live row: a few bytes a row at least.
+    assert held[-1]["delta_live_data_bytes_per_row"] > 1
+    assert set(written["engine_per_changed_row"]) == {"rows_per_batch",
+                                                      "batch_ms_per_1000_rows"}
     # The graph's steps, from the engine's histogram in the soak's process.
     assert {"read", "apply", "delta", "batch"} <= set(written["engine_graph_steps"])
     assert written["passed"] == (not report["problems"])
