@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import orjson
 import strawberry
@@ -23,6 +24,7 @@ from gateway.subscriptions.websocket import GraphQLWebSocket
 from schema.settings import Settings
 from viewgate.websocket_protocol import KEEP_ALIVE_MAX_BYTES, GatewayWebSocketProtocol
 
+TURNS = 10_000  # the deadline of a wait, in turns of the event loop
 TRANSPORT_WS = "graphql-transport-ws"
 LEGACY_WS = "graphql-ws"
 
@@ -54,6 +56,7 @@ class Tab:
         self.client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/graphql"),
                                      subprotocols=[Subprotocol(subprotocol)])
         self.frames: list[Frame] = []
+        self.got: list[dict] = []  # read from the transport, not yet taken
 
     async def app(self, scope: dict, receive: Callable[[], Awaitable[dict]],
                   send: Callable[[dict], Awaitable[None]]) -> None:
@@ -71,7 +74,7 @@ class Tab:
         self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
         self.client.send_request(self.client.connect())
         self.protocol.data_received(b"".join(self.client.data_to_send()))
-        await self.settle()
+        await self.until(lambda: self.transport.data, "the handshake's answer")
         self.client.receive_data(self.transport.take())
         [response] = self.client.events_received()
         assert response.status_code == 101  # type: ignore[attr-defined]
@@ -83,24 +86,34 @@ class Tab:
             self.client.send_text(message if isinstance(message, bytes)
                                   else orjson.dumps(message))
         self.protocol.data_received(b"".join(self.client.data_to_send()))
-        await self.settle()
 
-    async def settle(self) -> None:
-        """Let the application and the coalesced writes run their course."""
-        for _ in range(50):
+    async def until(self, condition: Callable[[], Any], what: str) -> None:
+        """Turns of the event loop until `condition()` holds (the application and the
+        protocol do no I/O here: each step is a turn away), within a deadline."""
+        for _ in range(TURNS):
+            if condition():
+                return
             await asyncio.sleep(0)
+        raise AssertionError(f"not within {TURNS} turns of the loop: {what}")
 
-    def take(self) -> list[dict]:
-        """The messages written to the client since the last take (a close: its code)."""
+    def _read(self) -> list[dict]:
         self.client.receive_data(self.transport.take())
-        got: list[dict] = []
         for frame in self.client.events_received():
             if frame.opcode is Opcode.TEXT:
-                got.append(orjson.loads(frame.data))
+                self.got.append(orjson.loads(frame.data))
             elif frame.opcode is Opcode.CLOSE:
                 close = self.client.close_rcvd
                 assert close is not None
-                got.append({"close": close.code, "reason": close.reason})
+                self.got.append({"close": close.code, "reason": close.reason})
+        return self.got
+
+    async def take(self, count: int = 1,
+                   until: Callable[[list[dict]], bool] | None = None) -> list[dict]:
+        """The messages written to the client since the last take (a close: its code), once
+        there are `count` of them (or `until` holds of them)."""
+        enough = until or (lambda got: len(got) >= count)
+        await self.until(lambda: enough(self._read()), f"messages to the client: {count}")
+        got, self.got = self.got, []
         return got
 
     def texts_received(self) -> list[dict]:
@@ -111,12 +124,12 @@ class Tab:
     async def acknowledged(self) -> None:
         await self.open()
         await self.send({"type": "connection_init"})
-        assert self.take()[0]["type"] == "connection_ack"
+        assert (await self.take())[0]["type"] == "connection_ack"
 
     async def close(self) -> None:
         """The client gone: the application ends."""
         self.protocol.connection_lost(None)
-        await self.settle()
+        await self.until(lambda: not self.protocol.tasks, "the application's end")
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -131,14 +144,14 @@ def test_an_acknowledged_connections_pings_are_answered_without_the_application(
         reached = len(tab.texts_received())
         before = tab.protocol.received_at
         await tab.send({"type": "ping"})
-        assert tab.take() == [{"type": "pong"}]
+        assert await tab.take() == [{"type": "pong"}]
         assert tab.protocol.received_at > before  # a tab that pings is alive
         # The payload back, as graphql-ws's server answers; a pong dropped: none of the three
         # reached the application.
         await tab.send({"type": "ping", "payload": {"at": 1}}, {"type": "pong"},
                        {"type": "pong", "payload": {"at": 2}})
-        assert tab.take() == [{"type": "pong", "payload": {"at": 1}}]
-        assert len(tab.texts_received()) == reached
+        assert await tab.take() == [{"type": "pong", "payload": {"at": 1}}]
+        assert len(tab.texts_received()) == reached and tab.protocol.queue.empty()
         # The budget was spent for each (the handler's: connection_init, then four here).
         budget = tab.protocol.keep_alive_take.__self__._budget  # type: ignore[union-attr]
         assert round(budget.burst - budget.tokens) == 5
@@ -163,17 +176,23 @@ def test_anything_but_a_plain_ping_or_pong_goes_to_the_application() -> None:
         for message in others:
             reached = len(tab.texts_received())
             await tab.send(message)
+            await tab.until(lambda: len(tab.texts_received()) > reached,  # noqa: B023
+                            "the message at the application")
             assert tab.texts_received()[reached:] == [message]
-        assert tab.take() == [
+        got = await tab.take(5)
+        # The operation's messages in their order; the pongs, Strawberry's answers (the
+        # handler's), in theirs (the operation runs in a task of its own: the two interleave).
+        assert [m for m in got if "id" in m] == [
             {"id": "q", "type": "next", "payload": {"data": {"hello": "world"}}},
             {"id": "q", "type": "complete"},
-            {"type": "pong"}, {"type": "pong"},  # Strawberry's answers (the handler's)
-            {"type": "pong", "payload": big["payload"]},
+        ]
+        assert [m for m in got if "id" not in m] == [
+            {"type": "pong"}, {"type": "pong"}, {"type": "pong", "payload": big["payload"]},
         ]
         # Not JSON: the application answers it (4400), as before.
         await tab.send(b"not json")
+        assert (await tab.take())[0]["close"] == 4400
         assert tab.received[-1] == {"type": "websocket.receive", "text": "not json"}
-        assert tab.take()[0]["close"] == 4400
         await tab.close()
     run(scenario)
 
@@ -183,11 +202,11 @@ def test_pings_before_the_acknowledgement_go_to_the_application_in_order() -> No
         tab = Tab(TRANSPORT_WS, Settings())
         await tab.open()
         await tab.send({"type": "ping"})  # before connection_init: Strawberry answers it
-        assert tab.take() == [{"type": "pong"}]
+        assert await tab.take() == [{"type": "pong"}]
         assert tab.texts_received() == [{"type": "ping"}]
         # In the read with connection_init: after its acknowledgement, through the handler.
         await tab.send({"type": "connection_init"}, {"type": "ping"})
-        assert tab.take() == [{"type": "connection_ack"}, {"type": "pong"}]
+        assert await tab.take(2) == [{"type": "connection_ack"}, {"type": "pong"}]
         assert [m["type"] for m in tab.texts_received()] == ["ping", "connection_init", "ping"]
         await tab.close()
     run(scenario)
@@ -200,7 +219,7 @@ def test_a_ping_flood_is_closed_with_4029_by_the_application() -> None:
                                          gateway_ws_messages_burst=burst))
         await tab.acknowledged()  # connection_init: one of the burst
         await tab.send(*[{"type": "ping"}] * (3 * burst))
-        got = tab.take()
+        got = await tab.take(burst)
         # The rest of the burst answered here, the first refused ping (and those after it)
         # handed to the application, which closes with 4029 and says why.
         assert got[:-1] == [{"type": "pong"}] * (burst - 1)
@@ -217,12 +236,13 @@ def test_the_legacy_protocol_is_not_intercepted() -> None:
         tab = Tab(LEGACY_WS, Settings())
         await tab.open()
         await tab.send({"type": "connection_init"})
-        assert tab.take()[0]["type"] == "connection_ack"
+        assert (await tab.take())[0]["type"] == "connection_ack"
         assert tab.protocol.keep_alive_take is None
         # subscriptions-transport-ws has no `ping`: the legacy handler's answer, as before.
         await tab.send({"type": "ping"})
+        got = await tab.take(until=lambda got: any(m["type"] == "error" for m in got))
         assert tab.texts_received()[-1] == {"type": "ping"}
-        assert [m for m in tab.take() if m["type"] != "ka"] == [
+        assert [m for m in got if m["type"] != "ka"] == [
             {"type": "error", "id": None,
              "payload": {"message": "invalid message type 'ping'"}}]
         await tab.close()
