@@ -24,7 +24,7 @@ from gateway.subscriptions.websocket import GraphQLWebSocket
 from schema.settings import Settings
 from viewgate.websocket_protocol import KEEP_ALIVE_MAX_BYTES, GatewayWebSocketProtocol
 
-TURNS = 10_000  # the deadline of a wait, in turns of the event loop
+DEADLINE_S = 5.0  # how long a test waits for what it checks
 TRANSPORT_WS = "graphql-transport-ws"
 LEGACY_WS = "graphql-ws"
 
@@ -57,12 +57,14 @@ class Tab:
                                      subprotocols=[Subprotocol(subprotocol)])
         self.frames: list[Frame] = []
         self.got: list[dict] = []  # read from the transport, not yet taken
+        self.arrived = asyncio.Event()  # the application read a message
 
     async def app(self, scope: dict, receive: Callable[[], Awaitable[dict]],
                   send: Callable[[dict], Awaitable[None]]) -> None:
         async def recording() -> dict:
             message = await receive()
             self.received.append(message)
+            self.arrived.set()
             return message
         await self.view(scope, recording, send)
 
@@ -88,13 +90,24 @@ class Tab:
         self.protocol.data_received(b"".join(self.client.data_to_send()))
 
     async def until(self, condition: Callable[[], Any], what: str) -> None:
-        """Turns of the event loop until `condition()` holds (the application and the
-        protocol do no I/O here: each step is a turn away), within a deadline."""
-        for _ in range(TURNS):
-            if condition():
-                return
-            await asyncio.sleep(0)
-        raise AssertionError(f"not within {TURNS} turns of the loop: {what}")
+        """Until `condition()` holds, checked whenever the protocol writes to the client or
+        the application reads a message, within DEADLINE_S."""
+        events = (self.transport.written, self.arrived)
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                while True:
+                    for event in events:
+                        event.clear()
+                    if condition():
+                        return
+                    waits = [asyncio.ensure_future(event.wait()) for event in events]
+                    try:
+                        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for wait in waits:
+                            wait.cancel()
+        except TimeoutError:
+            raise AssertionError(f"not within {DEADLINE_S} s: {what}") from None
 
     def _read(self) -> list[dict]:
         self.client.receive_data(self.transport.take())
@@ -129,7 +142,7 @@ class Tab:
     async def close(self) -> None:
         """The client gone: the application ends."""
         self.protocol.connection_lost(None)
-        await self.until(lambda: not self.protocol.tasks, "the application's end")
+        await asyncio.wait_for(asyncio.gather(*self.protocol.tasks), DEADLINE_S)
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
