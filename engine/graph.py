@@ -32,7 +32,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +188,11 @@ class GraphBatch:
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
         self.stream_batches: dict[str, StreamBatch] = {}  # of the last batch, for metrics
         self.generation = graph_generation(generations, catalog)
+        # Threads that live as long as the query, not a batch: a thread started per view
+        # per batch (ten a second at the demo's pace) costs the allocators a heap each
+        # (glibc's arenas, Arrow's and delta-rs's caches) that outlives it.
+        self.compute_threads = ThreadPoolExecutor(len(self.views), "graph-view")
+        self.delta_threads = ThreadPoolExecutor(len(self.views), "graph-delta")
         self.redis = connect_redis(settings.redis_url)  # the graph's applies and marks
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
@@ -211,13 +216,13 @@ class GraphBatch:
         try:
             # Each view is computed as soon as the views it reads are (Order does not wait
             # for ProductSales); views that do not depend on each other run at once.
-            with ThreadPoolExecutor(len(self.views), "graph-view") as pool:
-                computing: dict[str, Future[Pending]] = {}
-                for view in self.views:  # in dependency order: its inputs are submitted
-                    inputs = {n: computing[n] for n in view.reads if n in computing}
-                    computing[view.name] = pool.submit(self._compute, view, records,
-                                                       batch_id, held, inputs)
-                pending = {name: f.result() for name, f in computing.items()}
+            computing: dict[str, Future[Pending]] = {}
+            for view in self.views:  # in dependency order: its inputs are submitted
+                inputs = {n: computing[n] for n in view.reads if n in computing}
+                computing[view.name] = self.compute_threads.submit(
+                    self._compute, view, records, batch_id, held, inputs)
+            wait(computing.values())  # every view done, also when one failed
+            pending = {name: f.result() for name, f in computing.items()}
             lap = time.perf_counter()
             if self._apply(batch_id, pending) == RETIRED:
                 return  # as above: the engine restarts the query on the new generation
@@ -228,16 +233,19 @@ class GraphBatch:
                 observe_stream(name, done.late, done.meta.get(META_WATERMARK))
             for view in self.views:
                 failpoint("after_redis", view.name)
-            with ThreadPoolExecutor(len(self.views), "graph-delta") as delta_steps:
-                # Delta's MERGEs run while the change feeds are published: both only need
-                # Redis to hold the batch. Leaving the block waits for every MERGE.
-                lap = time.perf_counter()
-                merges = [delta_steps.submit(self.committers[n].to_delta, p)
-                          for n, p in pending.items()]
+            # Delta's MERGEs run while the change feeds are published: both only need
+            # Redis to hold the batch. The batch waits for every MERGE, also when a
+            # delivery failed.
+            lap = time.perf_counter()
+            merges = [self.delta_threads.submit(self.committers[n].to_delta, p)
+                      for n, p in pending.items()]
+            try:
                 sent = [self.committers[n].send(p) for n, p in pending.items()]
                 for delivered in sent:  # the feeds' deliveries overlap
                     delivered()
                 self.timings["feed_ms"] = (time.perf_counter() - lap) * 1000
+            finally:
+                wait(merges)
             for merge in merges:
                 merge.result()  # a failed MERGE fails the batch, which Spark replays
             self.timings["delta_ms"] = (time.perf_counter() - lap) * 1000
