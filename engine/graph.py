@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -129,6 +130,28 @@ class _Records:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
+# delta-rs recursed deeper than a thread's default stack (8 MiB) reading a view's rows for
+# a batch of 120,000 events (SIGSEGV in deltalake's _internal, the gateway bench's engine
+# run), which killed the engine on every replay of that batch. The graph's threads get this
+# much address space for their stacks; only what a call really uses becomes resident.
+GRAPH_THREAD_STACK_BYTES = 256 * 1024 * 1024
+
+
+def started_threads(count: int, name: str) -> ThreadPoolExecutor:
+    """A pool of `count` threads, all started now with GRAPH_THREAD_STACK_BYTES of stack
+    (a pool starts its threads on demand, when the process-wide stack size may differ)."""
+    pool = ThreadPoolExecutor(count, name)
+    everyone = threading.Barrier(count + 1)
+    previous = threading.stack_size(GRAPH_THREAD_STACK_BYTES)
+    try:
+        for _ in range(count):  # each task blocks, so each submit starts a thread
+            pool.submit(everyone.wait, 60)
+        everyone.wait(60)
+    finally:
+        threading.stack_size(previous)
+    return pool
+
+
 class GraphBatch:
     """The foreachBatch function of the graph query."""
 
@@ -191,8 +214,8 @@ class GraphBatch:
         # Threads that live as long as the query, not a batch: a thread started per view
         # per batch (ten a second at the demo's pace) costs the allocators a heap each
         # (glibc's arenas, Arrow's and delta-rs's caches) that outlives it.
-        self.compute_threads = ThreadPoolExecutor(len(self.views), "graph-view")
-        self.delta_threads = ThreadPoolExecutor(len(self.views), "graph-delta")
+        self.compute_threads = started_threads(len(self.views), "graph-view")
+        self.delta_threads = started_threads(len(self.views), "graph-delta")
         self.redis = connect_redis(settings.redis_url)  # the graph's applies and marks
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
