@@ -211,9 +211,8 @@ class GraphBatch:
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
         self.stream_batches: dict[str, StreamBatch] = {}  # of the last batch, for metrics
         self.generation = graph_generation(generations, catalog)
-        # Threads that live as long as the query, not a batch: a thread started per view
-        # per batch (ten a second at the demo's pace) costs the allocators a heap each
-        # (glibc's arenas, Arrow's and delta-rs's caches) that outlives it.
+        # Threads that live as long as the query, started once with deep stacks (above),
+        # not ten new ones a second at the demo's pace.
         self.compute_threads = started_threads(len(self.views), "graph-view")
         self.delta_threads = started_threads(len(self.views), "graph-delta")
         self.redis = connect_redis(settings.redis_url)  # the graph's applies and marks
