@@ -1,6 +1,7 @@
 """The graph's thread pools start every thread at once, with a deep stack (engine/graph.py:
 delta-rs overflowed the default 8 MiB on a large batch)."""
 
+import os
 import threading
 
 import pytest
@@ -18,7 +19,7 @@ def _stacks_of_that_size() -> int:
     return count
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="Linux only")
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux only")
 def test_every_thread_starts_at_once_with_the_deep_stack():
     before = _stacks_of_that_size()
     pool = started_threads(3, "test-graph")

@@ -147,9 +147,9 @@ def per_changed_row(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]
     """The rows a graph batch changed (engine.metrics.rows_changed_total, sampled with the
     step totals as (seconds since the start, rows so far)) and the batch's time per
     thousand of them, over the window after a warm-up window and over the last window.
-    A batch should cost what it changes: when the traffic changes more rows a batch as
-    the views grow (a demo tier change rewrites every order of its customer, and orders
-    accumulate), the batch time grows with it while its time per changed row stays flat."""
+    A batch should cost what it changes: when a batch changes more rows (a longer batch
+    gathers more of the traffic, and a demo tier change rewrites every order of its
+    customer), the batch time grows with it while its time per changed row stays flat."""
 
     def at(series: Sequence[tuple[float, Any]], t: float) -> Any:
         return next((sample for when, sample in series if when >= t), None)
