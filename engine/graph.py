@@ -132,8 +132,9 @@ class _Records:
 
 # delta-rs recursed deeper than a thread's default stack (8 MiB) in a graph thread on a
 # batch of 120,000 events (SIGSEGV in deltalake's _internal, the gateway bench's engine
-# run; the function is not identified), which killed the engine on every replay of it. The graph's threads get this
-# much address space for their stacks; only what a call really uses becomes resident.
+# run; the function is not identified), which killed the engine on every replay of it.
+# The graph's threads get this much address space for their stacks; only what a call
+# really uses becomes resident.
 GRAPH_THREAD_STACK_BYTES = 256 * 1024 * 1024
 
 
