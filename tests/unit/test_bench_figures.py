@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -14,7 +15,14 @@ from viewgate.bench.engine import FIGURES, profile, throughput, visibility_ms
 from viewgate.bench.gateway import FIGURES as GATEWAY_FIGURES
 from viewgate.bench.gateway import list_rate, median_ratio, warnings
 from viewgate.bench.group import BenchError
-from viewgate.bench.load import answer_ok, cpu_seconds, parse_response, post_request, schedule
+from viewgate.bench.load import (
+    answer_ok,
+    cpu_seconds,
+    cpu_seconds_fine,
+    parse_response,
+    post_request,
+    schedule,
+)
 from viewgate.bench.report import Figure, Plot, save_plot, table_rows
 from viewgate.bench.runner import MODES, select_groups, sizes_for
 from viewgate.bench.stats import distribution, percentile
@@ -233,6 +241,15 @@ def test_answers_are_checked_by_status_and_marker_bytes():
 
 def test_cpu_seconds_of_a_process_from_proc():
     assert cpu_seconds(os.getpid()) > 0
+
+
+def test_fine_cpu_seconds_see_a_millisecond_of_work():
+    # Less than one of utime's 10 ms ticks: the fine figure must still move.
+    before = cpu_seconds_fine(os.getpid())
+    started = time.thread_time()
+    while time.thread_time() - started < 0.002:
+        pass
+    assert cpu_seconds_fine(os.getpid()) - before >= 0.0015
 
 
 def test_median_ratio_pairs_rounds_in_order():

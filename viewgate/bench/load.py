@@ -86,6 +86,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
 
 
+def cpu_seconds_fine(pid: int) -> float:
+    """CPU seconds a process's live threads have used so far, in nanoseconds' resolution
+    (/proc/<pid>/task/*/schedstat): for short spans, where utime and stime's 10 ms ticks
+    can round a busy moment to nothing. Threads that ended are not counted."""
+    total_ns = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total_ns += int(stat.read().split()[0])
+        except FileNotFoundError:  # the thread ended while we read
+            continue
+    return total_ns / 1e9
+
+
 def _own_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime

@@ -43,7 +43,7 @@ from viewgate.bench.engine import (
 )
 from viewgate.bench.gateway import customer_rows
 from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
-from viewgate.bench.load import cpu_seconds
+from viewgate.bench.load import cpu_seconds_fine
 from viewgate.bench.report import Figure, Plot
 from viewgate.bench.servers import running
 from viewgate.bench.workers import Worker, new_event, produce_paced, watch_meta
@@ -188,14 +188,14 @@ def measure_fanout(ctx: BenchContext, settings: Settings, catalog: Catalog, port
             if not ready.wait(max(0.0, deadline - time.monotonic())):
                 raise BenchError(f"{total:,} subscriptions were not all open within 300 s")
         rss_after = _rss_kb(gateway_pid)
-        gateway_cpu = cpu_seconds(gateway_pid)
+        gateway_cpu = cpu_seconds_fine(gateway_pid)
         row = dict(rows[key], name=marker)
         produced_ms = time.time() * 1000
         produce_records(settings.kafka_bootstrap, [(catalog.sources["customers"].topic, key,
                                                     json.dumps(row).encode())], catalog)
         ctx.say(f"updated customer {key}; waiting for {total:,} copies")
         outcomes = [w.result(timeout_s=120) for w in workers]
-        gateway_cpu = cpu_seconds(gateway_pid) - gateway_cpu
+        gateway_cpu = cpu_seconds_fine(gateway_pid) - gateway_cpu
     finally:
         stop.set()
         for worker in workers:
