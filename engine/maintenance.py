@@ -93,10 +93,11 @@ def maintain(path: str, view: View) -> MaintenanceResult:
     # VACUUM then reads the table from it.
     DeltaTable(path).create_checkpoint()
     table = DeltaTable(path)
-    retention_hours = max(1, history_seconds(view) // 3600)
-    vacuumed = table.vacuum(retention_hours=retention_hours, dry_run=False,
-                            enforce_retention_duration=False)
-    vacuumed += delete_old_change_data(path, retention_hours * 3600)
+    # No retention_hours: delta-rs then keeps removed files for the table's
+    # delta.deletedFileRetentionDuration (the view's `history`, table_properties), to the
+    # second; an argument would round a history shorter than an hour up to one.
+    vacuumed = table.vacuum(dry_run=False)
+    vacuumed += delete_old_change_data(path, history_seconds(view))
     table.cleanup_metadata()
     return MaintenanceResult(0, 0, len(vacuumed), time.monotonic() - started)
 

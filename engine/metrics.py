@@ -74,14 +74,24 @@ def rows_changed_total() -> int:
 def graph_step_totals() -> dict[str, tuple[float, int]]:
     """Per step: seconds spent and batches observed so far (the histogram's sum and
     count), for a sampler in this process to difference."""
+    return _histogram_totals(GRAPH_STEP_SECONDS, "step")
+
+
+def maintenance_totals() -> dict[str, tuple[float, int]]:
+    """Per view: seconds its Delta maintenance and compactions took so far, and how many
+    ran (for a sampler in this process, as graph_step_totals)."""
+    return _histogram_totals(MAINTENANCE_SECONDS, "view")
+
+
+def _histogram_totals(histogram: Histogram, label: str) -> dict[str, tuple[float, int]]:
     totals: dict[str, list[float]] = {}
-    for metric in GRAPH_STEP_SECONDS.collect():
+    for metric in histogram.collect():
         for sample in metric.samples:
             kind = sample.name.rsplit("_", 1)[-1]
             if kind in ("sum", "count"):
-                entry = totals.setdefault(sample.labels["step"], [0.0, 0])
+                entry = totals.setdefault(sample.labels[label], [0.0, 0])
                 entry[0 if kind == "sum" else 1] = sample.value
-    return {step: (total, int(count)) for step, (total, count) in totals.items()}
+    return {name: (total, int(count)) for name, (total, count) in totals.items()}
 
 
 def _lag(sources: list[Any]) -> int:

@@ -111,7 +111,8 @@ def test_the_soak_runs_end_to_end_tiny(spark, settings, tmp_path):
         ctx = BenchContext(settings.model_copy(update={"redis_url": redis.url}), TINY,
                            tmp_path / "work", spark_session=spark)
         sizes = SoakSizes(minutes=0.25, probe_s=1, probe_warmup_s=0.3, subscriptions=40,
-                          connections=4, demo_rate=20, sample_s=1)
+                          connections=4, demo_rate=20, sample_s=1, storage_sample_s=1,
+                          history="30 seconds")
         report = write_report(measure(ctx, sizes), tmp_path / "bench", Console())
     finally:
         redis.stop()
@@ -139,5 +140,9 @@ def test_the_soak_runs_end_to_end_tiny(spark, settings, tmp_path):
                                                       "batch_ms_per_1000_rows"}
     # The graph's steps, from the engine's histogram in the soak's process.
     assert {"read", "apply", "delta", "batch"} <= set(written["engine_graph_steps"])
+    # Every view kept the run's history; the slowest batches are named with when they ran.
+    assert written["history"] == "30 seconds"
+    assert isinstance(written["engine_maintenance"], list)
+    assert written["engine_slowest_batches"][0]["batch_ms"] > 0
     assert written["passed"] == (not report["problems"])
     assert (tmp_path / "bench" / "soak.png").stat().st_size > 0

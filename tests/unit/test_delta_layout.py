@@ -164,3 +164,28 @@ def test_maintenance_deletes_change_data_older_than_the_history(tmp_path):
     maintain(path, VIEW)
 
     assert sorted((tmp_path / "Customer" / "_change_data").iterdir()) == change_data[1:]
+
+
+def test_a_history_shorter_than_an_hour_is_vacuumed_to_the_second(tmp_path):
+    from dataclasses import replace
+    view = replace(VIEW, history="2 seconds")
+    path = str(tmp_path / "Customer")
+    write_deltalake(path, pa.Table.from_pylist([], SCHEMA))
+    configure_table(path, view, target_file_bytes=64 * 1024)
+    sink = DeltaSink(path, view, delta_app_id(view.name, 0))
+    for batch in range(1, 5):
+        sink.merge(batch, _rows(batch * 100, 100), [], view.key, metadata={"batch_id": batch})
+    small_files = set(pa.table(DeltaTable(path).get_add_actions())["path"].to_pylist())
+    assert len(small_files) == 4
+
+    sink.maintain(64 * 1024)  # compacts the four files into one; they are kept for now
+    on_disk = {p.name for p in (tmp_path / "Customer").iterdir()}
+    assert small_files <= on_disk
+
+    # Once their two seconds have passed, maintenance deletes them (an hour's rounding
+    # kept them for an hour).
+    deadline = time.monotonic() + 30
+    while small_files & {p.name for p in (tmp_path / "Customer").iterdir()}:
+        assert time.monotonic() < deadline, "files older than the history were kept"
+        maintain(path, view)
+    assert live_rows(DeltaTable(path)).num_rows == 400

@@ -122,3 +122,22 @@ def test_batch_time_per_changed_row_follows_the_rows_a_batch_changes():
     assert out["batch_ms_per_1000_rows"] == {"start": 500.0, "end": 500.0, "change": 0.0,
                                              "flat": True}
     assert per_changed_row([], [], 100.0, 10.0)["rows_per_batch"]["start"] is None
+
+
+def test_maintenance_runs_and_the_slow_batches_they_explain():
+    from viewgate.bench.engine_storage import maintenance_runs, slowest_batches
+
+    # Order's maintenance ends between 10 and 20 s (2.5 s), Customer's two compactions
+    # between 20 and 30 s (0.4 s together).
+    maintained = [(0.0, {}), (10.0, {"Order": (0.0, 0)}), (20.0, {"Order": (2.5, 1)}),
+                  (30.0, {"Order": (2.5, 1), "Customer": (0.4, 2)})]
+    runs = maintenance_runs(maintained)
+    assert runs == [{"t_s": 20.0, "view": "Order", "runs": 1, "seconds": 2.5},
+                    {"t_s": 30.0, "view": "Customer", "runs": 2, "seconds": 0.4}]
+    # Batches: 100 ms, then 1,000 ms while Order was maintained, then 200 ms.
+    steps = [(0.0, {"batch": (0.0, 0)}), (10.0, {"batch": (1.0, 10)}),
+             (20.0, {"batch": (6.0, 15)}), (30.0, {"batch": (8.0, 25)})]
+    assert slowest_batches(steps, runs, count=2) == [
+        {"t_s": 20.0, "batch_ms": 1000.0, "maintenance": ["Order"]},
+        {"t_s": 30.0, "batch_ms": 200.0, "maintenance": ["Customer"]}]
+    assert maintenance_runs([]) == [] and slowest_batches([], []) == []

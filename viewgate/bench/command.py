@@ -45,6 +45,10 @@ def bench(
     soak_load: float = typer.Option(0.5, help="Share of the gateway's probed capacity the "
                                     "soak offers (0.1 for the engine's long run, so the "
                                     "gateway leaves the engine its cores)."),
+    soak_history: str = typer.Option("", help="Every demo view's `history` during the soak, "
+                                      "e.g. '10 minutes' (default: the views' own, a day): "
+                                      "a history the soak outlasts shows Delta's storage "
+                                      "held at live rows plus the history."),
 ) -> None:
     """Measure viewgate on this machine: start Kafka and Redis of its own, run each group,
     merge the figures into <out>/results.json, print a table and save PNG plots."""
@@ -58,7 +62,7 @@ def bench(
     console = Console()
     if soak:
         _soak(console, out, minutes, soak_subscriptions, soak_connections, soak_rate,
-              soak_load)
+              soak_load, soak_history)
         return
     if quick and full:
         console.print("[red]error:[/red] choose --quick or --full, not both")
@@ -104,9 +108,11 @@ def bench_settings() -> Any:
 
 
 def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
-          connections: int, demo_rate: float, load_share: float) -> None:
+          connections: int, demo_rate: float, load_share: float, history: str) -> None:
+    from schema import demo
+    from schema.errors import CatalogError
     from viewgate.bench.group import BenchError
-    from viewgate.bench.soak import SoakSizes, run_soak
+    from viewgate.bench.soak import SoakSizes, run_soak, with_history
     from viewgate.bench.workers import WorkerError
     from viewgate.stack.errors import StackError
 
@@ -118,8 +124,13 @@ def _soak(console: Any, out: Path, minutes: float, subscriptions: int,
         console.print("[red]error:[/red] --soak-load is a share of the capacity: "
                       "more than 0, at most 1")
         raise typer.Exit(2)
+    try:
+        with_history(demo.CATALOG, history)
+    except CatalogError as error:
+        console.print(f"[red]error:[/red] --soak-history: {error}")
+        raise typer.Exit(2) from None
     sizes = SoakSizes(minutes=minutes, subscriptions=subscriptions, connections=connections,
-                      demo_rate=demo_rate, load_share=load_share)
+                      demo_rate=demo_rate, load_share=load_share, history=history)
     try:
         report = run_soak(bench_settings(), sizes, out, console)
     except (BenchError, StackError, WorkerError) as error:

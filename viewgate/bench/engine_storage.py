@@ -6,6 +6,7 @@ batch time): `flatness` compares the start of a soak with its end."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -177,3 +178,39 @@ def per_changed_row(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]
         out[name] = {"start": first, "end": last, "change": change,
                      "flat": None if change is None else abs(change) <= FLAT_LIMIT}
     return out
+
+
+def maintenance_runs(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]]
+                     ) -> list[dict[str, Any]]:
+    """Each view's Delta maintenance and compactions (engine.metrics.maintenance_totals,
+    sampled as (seconds since the start, {view: (seconds, runs)})): when they ended (the
+    sample that first counted them), which view, and the seconds they took (the runs
+    between two samples together)."""
+    runs: list[dict[str, Any]] = []
+    previous: Mapping[str, Sequence[float]] = {}
+    for when, sample in totals:
+        for view, (spent, count) in sorted(sample.items()):
+            spent0, count0 = previous.get(view, (0.0, 0))
+            if count > count0:
+                runs.append({"t_s": when, "view": view, "runs": int(count - count0),
+                             "seconds": round(spent - spent0, 3)})
+        previous = sample
+    return runs
+
+
+def slowest_batches(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]],
+                    runs: Sequence[Mapping[str, Any]], count: int = 10
+                    ) -> list[dict[str, Any]]:
+    """The `count` sample intervals whose graph batches took longest on average (from the
+    step totals, as graph_steps), each with the views whose maintenance ended in it: whether
+    a slow batch waited for maintenance, or was slow on its own."""
+    intervals = []
+    for (t0, first), (t1, last) in itertools.pairwise(totals):
+        spent, batches = last.get("batch", (0.0, 0))
+        spent0, batches0 = first.get("batch", (0.0, 0))
+        if batches > batches0:
+            maintained = sorted({r["view"] for r in runs if t0 < r["t_s"] <= t1})
+            intervals.append({"t_s": t1, "batch_ms": round((spent - spent0) * 1000
+                                                           / (batches - batches0), 1),
+                              "maintenance": maintained})
+    return sorted(intervals, key=lambda i: i["batch_ms"], reverse=True)[:count]

@@ -38,6 +38,7 @@ of the run when it is shorter than 4 minutes). Pass: no error, gateway growth un
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from schema import demo
+from schema.catalog import Catalog
 from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench import engine_storage
@@ -73,7 +75,15 @@ class SoakSizes:
     list_share: int = 10  # one request in this many is a list page
     demo_rate: float = 50.0  # demo events per second into the engine, all along
     sample_s: float = 5.0
+    # What the engine keeps is sampled less often: reading every table's log and listing
+    # its files costs more as the history grows (every 5 s, an hour's soak spent half a
+    # core on it by its end, on the cores the engine measured needs).
+    storage_sample_s: float = 30.0
     load_share: float = 0.5  # of the probed capacity, offered during the soak
+    # Every view's `history` for the run ("" keeps the views' own, a day): a history the
+    # run outlasts shows whether maintenance holds Delta's storage at live rows plus the
+    # history, which a day's history cannot show in an hour.
+    history: str = ""
 
 
 # --- Pure figures -----------------------------------------------------------------------
@@ -124,6 +134,16 @@ def verdict(errors: dict[str, int], growth: dict[str, Any] | None) -> list[str]:
 # --- The run ----------------------------------------------------------------------------
 
 
+def with_history(catalog: Catalog, history: str) -> Catalog:
+    """The catalog with every view's `history` set to `history` ("" leaves them)."""
+    if not history:
+        return catalog
+    views = [dataclasses.replace(v, history=history) for v in catalog.views.values()]
+    changed = Catalog.of(catalog.sources.values(), views)
+    changed.validate()  # an unreadable history is refused with the fix
+    return changed
+
+
 def _rss_kb(pid: int | None) -> int | None:
     if pid is None:
         return None
@@ -146,7 +166,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     """The soak in this process (Spark here); returns the report (see the module doc)."""
     import os
 
-    from engine.metrics import graph_step_totals, rows_changed_total
+    from engine.metrics import graph_step_totals, maintenance_totals, rows_changed_total
     from engine.runner import start_all
     from viewgate.bench.engine import catalog_on_topics, wait_started
     from viewgate.bench.gateway import customer_rows, point_body
@@ -159,7 +179,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     from viewgate.stack.process import wait_until
 
     settings = ctx.isolated("soak")
-    catalog = catalog_on_topics(demo.CATALOG, TOPIC_PREFIX)
+    catalog = with_history(catalog_on_topics(demo.CATALOG, TOPIC_PREFIX), sizes.history)
     renamed = {demo.CATALOG.sources[n].topic: s.topic for n, s in catalog.sources.items()}
     duration_s = sizes.minutes * 60
     spark = ctx.spark()
@@ -220,10 +240,11 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
             samples: dict[str, list[tuple[float, int]]] = {name: [] for name in pids}
             step_totals: list[tuple[float, dict[str, tuple[float, int]]]] = []
             changed: list[tuple[float, int]] = []  # rows the graph's batches changed
+            maintained: list[tuple[float, dict[str, tuple[float, int]]]] = []
             sampled = new_event()
             started_at = time.time()
             storage = Worker("engine storage", sample_engine_storage, settings, catalog,
-                             sizes.sample_s, started_at, sampled)
+                             sizes.storage_sample_s, started_at, sampled)
             workers.append(storage)
             while True:
                 now = round(time.time() - started_at, 2)
@@ -233,6 +254,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
                         samples[name].append((now, kb))
                 step_totals.append((now, graph_step_totals()))  # the engine runs here
                 changed.append((now, rows_changed_total()))
+                maintained.append((now, maintenance_totals()))
                 if load.done(sizes.sample_s):
                     break
             sampled.set()
@@ -266,6 +288,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     steps = engine_storage.graph_steps(step_totals, duration_s, growth_window(duration_s))
     per_row = engine_storage.per_changed_row(step_totals, changed, duration_s,
                                              growth_window(duration_s))
+    maintenance = engine_storage.maintenance_runs(maintained)
     latency = loaded["latency_ms"]
     problems = verdict(errors, growth["gateway"])
     return {
@@ -293,6 +316,9 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
         "engine_flatness": engine_flat,
         "engine_graph_steps": steps,
         "engine_per_changed_row": per_row,
+        "engine_maintenance": maintenance,
+        "engine_slowest_batches": engine_storage.slowest_batches(step_totals, maintenance),
+        "history": sizes.history or "the views' own",
         "latency_over_time": latency_over_time(latency, rate, sizes.sample_s),
         "sizes": asdict(sizes),
     }
@@ -406,6 +432,16 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
         if mean["start_ms"] is not None and mean["end_ms"] is not None:
             rows.append((f"engine step {step}", f"{mean['start_ms']:,.1f} -> "
                          f"{mean['end_ms']:,.1f} ms a batch"))
+    runs = report.get("engine_maintenance", [])
+    if runs:
+        longest = max(runs, key=lambda r: r["seconds"])
+        rows.append(("engine maintenance and compactions", f"{sum(r['runs'] for r in runs)} "
+                     f"runs, {sum(r['seconds'] for r in runs):,.1f} s; longest "
+                     f"{longest['seconds']:,.1f} s ({longest['view']})"))
+    for slow in report.get("engine_slowest_batches", [])[:3]:
+        rows.append((f"engine slow batches at {slow['t_s']:,.0f} s", f"{slow['batch_ms']:,.0f} ms"
+                     f" ({', '.join(slow['maintenance']) or 'no'} maintenance)"))
+    rows.append(("views' history", report.get("history", "the views' own")))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
