@@ -18,8 +18,8 @@ from typing import Any
 
 from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
-from engine.maintenance import MaintenanceSchedule
-from engine.metrics import MAINTENANCE_SECONDS, observe_rejected
+from engine.maintenance import MaintenanceSchedule, background_for
+from engine.metrics import MAINTENANCE_SECONDS, MAINTENANCE_WAIT_SECONDS, observe_rejected
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import Before, RedisSink
@@ -106,6 +106,7 @@ class ViewCommitter:
         self.target_file_bytes = settings.delta_target_file_bytes
         self.maintenance = MaintenanceSchedule(settings.delta_maintenance_interval_s)
         self.compaction = MaintenanceSchedule(settings.delta_compact_interval_s)
+        self.background = background_for(self.delta.path, view.name)
 
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
                 deletes: set[str], old_rows: Mapping[str, dict[str, Any]]) -> list[ChangeEvent]:
@@ -285,14 +286,16 @@ class ViewCommitter:
                deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any],
                previous: Mapping[str, Mapping[str, Any]]) -> None:
         started = time.perf_counter()
+        waited = self.background.wait()  # never a MERGE and maintenance on the table at once
+        if waited:
+            MAINTENANCE_WAIT_SECONDS.labels(self.view.name).observe(waited)
         merged = self.delta.merge(batch_id, rows, deleted, self.delete_on, metadata=metadata,
                                   previous=previous)
         failpoint("after_delta", self.view.name)
         if merged and self.maintenance.due():  # a replayed batch leaves the table alone
-            self._maintain(batch_id)
-            self.compaction.done()  # maintenance compacted the table whole
+            self.background.start(lambda: self._maintain(batch_id))
         elif merged and self.compaction.due():
-            self._maintain(batch_id, small_files_only=True)
+            self.background.start(lambda: self._maintain(batch_id, small_files_only=True))
         if log.isEnabledFor(logging.DEBUG):
             delta_ms = (time.perf_counter() - started) * 1000
             log.debug("%s batch %d: delta %.0f ms", self.view.name, batch_id, delta_ms,
@@ -308,9 +311,10 @@ class ViewCommitter:
         return rows, deleted
 
     def _maintain(self, batch_id: int, small_files_only: bool = False) -> None:
-        """Delta maintenance between this batch and the next (engine.maintenance): the whole
-        of it, or the compaction of small files. A failure is logged and tried again an
-        interval later: the batch is committed."""
+        """Delta maintenance after this batch's MERGE, the whole of it or the compaction of
+        small files, beside the next batches (in the table's BackgroundMaintenance,
+        engine.maintenance). A failure is logged and tried again an interval later: the
+        batch is committed."""
         schedule = self.compaction if small_files_only else self.maintenance
         what = "compaction" if small_files_only else "maintenance"
         try:
@@ -322,6 +326,8 @@ class ViewCommitter:
                         extra={"view": self.view.name, "batch_id": batch_id})
         else:
             MAINTENANCE_SECONDS.labels(self.view.name).observe(result.seconds)
+            if not small_files_only:
+                self.compaction.done()  # maintenance compacted the table whole
             log.info("%s: Delta %s after batch %d took %.1f s: %d files into %d, %d "
                      "vacuumed", self.view.name, what, batch_id, result.seconds,
                      result.files_removed, result.files_added, result.files_vacuumed,

@@ -30,10 +30,9 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +62,7 @@ from engine.metrics import observe_graph_steps, observe_rows_changed, observe_st
 from engine.sinks.redis_sink import Before
 from engine.sources import classify_sources, read_kafka, source_columns, value_column
 from engine.stream_aggregates import META_MAX_EVENT_TIME, Seen, StreamAggregate, StreamBatch
+from engine.threads import started_threads
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
 from schema.object_store import read_text, replace_text, subfolders
@@ -128,29 +128,6 @@ class _Records:
     latest: dict[str, dict[str, Any] | None]
     bad: list[dict[str, Any]]
     events: list[dict[str, Any]] = field(default_factory=list)
-
-
-# delta-rs recursed deeper than a thread's default stack (8 MiB) in a graph thread on a
-# batch of 120,000 events (SIGSEGV in deltalake's _internal, the gateway bench's engine
-# run; the function is not identified), which killed the engine on every replay of it.
-# The graph's threads get this much address space for their stacks; only what a call
-# really uses becomes resident.
-GRAPH_THREAD_STACK_BYTES = 256 * 1024 * 1024
-
-
-def started_threads(count: int, name: str) -> ThreadPoolExecutor:
-    """A pool of `count` threads, all started now with GRAPH_THREAD_STACK_BYTES of stack
-    (a pool starts its threads on demand, when the process-wide stack size may differ)."""
-    pool = ThreadPoolExecutor(count, name)
-    everyone = threading.Barrier(count + 1)
-    previous = threading.stack_size(GRAPH_THREAD_STACK_BYTES)
-    try:
-        for _ in range(count):  # each task blocks, so each submit starts a thread
-            pool.submit(everyone.wait, 60)
-        everyone.wait(60)
-    finally:
-        threading.stack_size(previous)
-    return pool
 
 
 class GraphBatch:

@@ -12,6 +12,7 @@ import threading
 from prometheus_client import start_http_server
 
 from engine.commit import IN_FLIGHT
+from engine.maintenance import running_maintenance
 from engine.runner import Engine
 from engine.spark import build_spark
 from schema.catalog import Catalog
@@ -79,9 +80,12 @@ def _stopping(received: signal.Signals) -> None:
     (Spark's JVM ignores SIGTERM, see engine.spark: the queries are stopped from here)."""
     cause = received.name
     flight = ", ".join(f"{view} batch {batch}" for view, batch in sorted(IN_FLIGHT.items()))
-    log.info("engine stopping on %s; %s", cause,
+    maintaining = ", ".join(running_maintenance())
+    log.info("engine stopping on %s; %s%s", cause,
              f"commits in flight: {flight} (replayed from the checkpoint at the next start)"
-             if flight else "no commit in flight")
+             if flight else "no commit in flight",
+             f"; Delta maintenance running for {maintaining} (it ends before the engine)"
+             if maintaining else "")
 
 
 def _stop_spark(spark) -> None:

@@ -14,21 +14,27 @@ Until 2026-11-26 maintenance also z-ordered the whole table by key: it rewrote e
 every interval, and the history kept each copy for a day (the hour-long soak's disk grew
 faster than its rows), so it went. Compaction writes its files ordered by key instead.
 
-It runs in the committing thread, between two batches, so it never conflicts with a
-MERGE; the batch after it waits for it (logged, and in
-viewgate_engine_maintenance_seconds).
+It runs beside the batches, in a thread of the view's own (BackgroundMaintenance), started
+after one of the view's MERGEs; the view's next MERGE waits for it, so the two never
+change the table at once. The batches go on meanwhile: until 2026-11-26 it ran inside the
+batch's Delta step, and the whole graph's batch waited for it. Each run is logged and
+timed (viewgate_engine_maintenance_seconds); a MERGE's wait for one is in
+viewgate_engine_maintenance_wait_seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow.fs
 from deltalake import DeltaTable
 
+from engine.threads import started_threads
 from schema.catalog import View, parse_duration_ms
 from schema.object_store import filesystem
 
@@ -130,3 +136,59 @@ class MaintenanceSchedule:
 
     def done(self) -> None:
         self.last = self.clock()
+
+
+class BackgroundMaintenance:
+    """One view's maintenance off its batches' path: started after a MERGE, it runs in a
+    thread of its own while the graph goes on with its next batches (their Redis apply,
+    change feeds, other views' MERGEs). The view's next MERGE waits for it: a compaction
+    and a MERGE must not both change the table (a MERGE marking rows in files the
+    compaction is rewriting would lose the marks, and both commit the next log version)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._thread: ThreadPoolExecutor | None = None  # started with the first run
+        self._running: Future[None] | None = None
+
+    def start(self, work: Callable[[], None]) -> None:
+        """Run `work` in the background, after any run still going."""
+        self.wait()
+        if self._thread is None:
+            self._thread = started_threads(1, f"maintenance-{self.name}")
+        self._running = self._thread.submit(work)
+
+    def running(self) -> bool:
+        return self._running is not None and not self._running.done()
+
+    def wait(self) -> float:
+        """Block until the running maintenance, if any, is done; the seconds waited. Its
+        failure is its own (`work` logs it): the MERGE after it goes on."""
+        running, self._running = self._running, None
+        if running is None:
+            return 0.0
+        started = time.monotonic()
+        try:
+            running.result()
+        except Exception:  # noqa: BLE001 - reported by the work itself
+            log.exception("%s: maintenance failed", self.name)
+        return time.monotonic() - started
+
+
+_BACKGROUNDS: dict[str, BackgroundMaintenance] = {}
+_BACKGROUNDS_LOCK = threading.Lock()
+
+
+def background_for(table_path: str, view: str) -> BackgroundMaintenance:
+    """The one BackgroundMaintenance of a Delta table in this process: a graph query
+    restarted here after a failure gets new committers, whose MERGEs must wait for the
+    maintenance the old ones started on the same table."""
+    with _BACKGROUNDS_LOCK:
+        if table_path not in _BACKGROUNDS:
+            _BACKGROUNDS[table_path] = BackgroundMaintenance(view)
+        return _BACKGROUNDS[table_path]
+
+
+def running_maintenance() -> list[str]:
+    """The views whose Delta maintenance is running in this process now."""
+    with _BACKGROUNDS_LOCK:
+        return sorted({b.name for b in _BACKGROUNDS.values() if b.running()})

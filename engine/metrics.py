@@ -38,8 +38,12 @@ REJECTED_ROWS = Counter("viewgate_view_rejected_rows",
                         ["view"])
 MAINTENANCE_SECONDS = Histogram(
     "viewgate_engine_maintenance_seconds",
-    "Time a view's Delta maintenance or compaction took; the view's next batch waited for "
-    "it.", ["view"], buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60))
+    "Time a view's Delta maintenance or compaction took (beside the batches: "
+    "engine.maintenance).", ["view"], buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60))
+MAINTENANCE_WAIT_SECONDS = Histogram(
+    "viewgate_engine_maintenance_wait_seconds",
+    "Time a view's MERGE waited for the view's maintenance to end, when one was running.",
+    ["view"], buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30))
 GRAPH_STEP_SECONDS = Histogram(
     "viewgate_graph_step_seconds",
     "Time each step of the view graph's batches took: `read` (the batch from Spark), "

@@ -120,13 +120,14 @@ class Settings(BaseSettings):
     delta_compact_interval_s: float = Field(
         60.0,
         description="How often the engine merges each view's small Delta files (a batch "
-        "writes one) into files of delta_target_file_bytes, between two of its batches. "
+        "writes one) into files of delta_target_file_bytes, beside its batches (the view's "
+        "next MERGE waits for it). "
         "Costs the recent rows only. 0 turns it off.",
     )
     delta_maintenance_interval_s: float = Field(
         600.0,
-        description="How often the engine maintains each view's Delta table between two of "
-        "its batches: files compacted and ordered by key, versions older than the view's "
+        description="How often the engine maintains each view's Delta table, beside its "
+        "batches as compaction is: files compacted, versions older than the view's "
         "`history` vacuumed, the log checkpointed and its old entries removed. 0 turns it off.",
     )
     spark_conf: dict[str, str] = Field(

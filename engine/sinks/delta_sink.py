@@ -13,10 +13,12 @@ gateway, which all read deletion vectors.
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from delta.tables import DeltaTable as SparkDeltaTable
@@ -58,6 +60,20 @@ def _quoted(column: str) -> str:
     return '"' + column.replace('"', '""') + '"'
 
 
+Result = TypeVar("Result")
+
+
+def _one_at_a_time(method: Callable[..., Result]) -> Callable[..., Result]:
+    """A DeltaSink method that holds the sink's lock while it runs."""
+
+    @functools.wraps(method)
+    def serialized(self: DeltaSink, *args: Any, **kwargs: Any) -> Result:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return serialized
+
+
 class DeltaSink:
     """One per view and generation; the only writer of its table."""
 
@@ -68,6 +84,10 @@ class DeltaSink:
         self._table: DeltaTable | None = None
         self._source_schema: pa.Schema | None = None
         self._vectors = DeletionVectorMerge(path, view.key)
+        # Maintenance runs in a thread of its own (engine.maintenance.BackgroundMaintenance)
+        # while a batch may read rows here: one operation at a time on the table object and
+        # the deletion-vector writer's state (maintain calls compact: reentrant).
+        self._lock = threading.RLock()
 
     def _load(self) -> DeltaTable:
         if self._table is None:
@@ -83,6 +103,7 @@ class DeltaSink:
             self._table.update_incremental()
         return self._table
 
+    @_one_at_a_time
     def keys_changed_after(self, batch_id: int) -> set[str]:
         """The keys of the rows that commits of batches after `batch_id` changed, from the
         table's change data feed (each commit's userMetadata names its batch)."""
@@ -95,6 +116,7 @@ class DeltaSink:
                                           columns=list(self.view.key)))
         return {key_of(row, self.view.key) for row in changes.select(self.view.key).to_pylist()}
 
+    @_one_at_a_time
     def rows(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
         """The stored rows of `keys` (absent ones left out), in Redis's JSON form. Between
         batches the table holds exactly what the previous batch left: its MERGE is the last
@@ -116,6 +138,7 @@ class DeltaSink:
                 found[key] = decode_row(encode_row(row))
         return found
 
+    @_one_at_a_time
     def compact(self, target_file_bytes: int) -> MaintenanceResult:
         """Merge the small files and rewrite the files with many deleted rows
         (engine.maintenance): the engine's own compaction for a table with deletion vectors,
@@ -127,6 +150,7 @@ class DeltaSink:
         removed, added = self._vectors.rewrite(table, target_file_bytes)
         return MaintenanceResult(removed, added, 0, time.monotonic() - started)
 
+    @_one_at_a_time
     def maintain(self, target_file_bytes: int) -> MaintenanceResult:
         """Compaction, then vacuum, old change data and vector files, checkpoint and log
         cleanup (engine.maintenance)."""
@@ -140,6 +164,7 @@ class DeltaSink:
                                  kept.files_vacuumed + len(released),
                                  time.monotonic() - started)
 
+    @_one_at_a_time
     def merge(
         self,
         batch_id: int,

@@ -144,5 +144,9 @@ def test_the_soak_runs_end_to_end_tiny(spark, settings, tmp_path):
     assert written["history"] == "30 seconds"
     assert isinstance(written["engine_maintenance"], list)
     assert written["engine_slowest_batches"][0]["batch_ms"] > 0
+    # The driver's memory by allocator, from the soak's own process (the engine's driver).
+    memory = written["engine_driver_memory"]
+    assert len(memory) >= 10 and memory[-1][1]["python_blocks"] > 0
+    assert written["engine_driver_memory_change"]["rss_kb"]["end"] > 0
     assert written["passed"] == (not report["problems"])
     assert (tmp_path / "bench" / "soak.png").stat().st_size > 0

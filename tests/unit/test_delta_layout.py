@@ -189,3 +189,49 @@ def test_a_history_shorter_than_an_hour_is_vacuumed_to_the_second(tmp_path):
         assert time.monotonic() < deadline, "files older than the history were kept"
         maintain(path, view)
     assert live_rows(DeltaTable(path)).num_rows == 400
+
+
+def test_background_maintenance_runs_beside_the_caller_and_is_waited_for():
+    import threading
+
+    from engine.maintenance import BackgroundMaintenance
+
+    background = BackgroundMaintenance("Customer")
+    assert background.wait() == 0.0  # nothing running
+    release, ran = threading.Event(), []
+
+    def work() -> None:
+        release.wait(10)
+        ran.append(threading.current_thread().name)
+
+    background.start(work)
+    assert not ran  # start returned while the work waits: it runs beside its caller
+    assert background.running()
+    release.set()
+    assert background.wait() >= 0.0 and ran and ran[0].startswith("maintenance-Customer")
+    assert not background.running()
+
+    def failing() -> None:
+        raise RuntimeError("disk full")
+
+    background.start(failing)
+    background.wait()  # a failed run is logged, not raised into the next MERGE
+    background.start(lambda: ran.append("again"))
+    background.wait()
+    assert ran[-1] == "again"
+
+
+def test_one_background_maintenance_per_table_in_a_process():
+    import threading
+
+    from engine.maintenance import background_for, running_maintenance
+
+    # Committers of a restarted query share the table's: their MERGEs wait for its runs.
+    assert background_for("/d/Order/g0", "Order") is background_for("/d/Order/g0", "Order")
+    assert background_for("/d/Order/g0", "Order") is not background_for("/d/Order/g1", "Order")
+    release = threading.Event()
+    background_for("/d/Order/g1", "Order").start(lambda: release.wait(10))
+    assert "Order" in running_maintenance()  # the engine's stop line names it
+    release.set()
+    background_for("/d/Order/g1", "Order").wait()
+    assert "Order" not in running_maintenance()

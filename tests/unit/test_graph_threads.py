@@ -1,32 +1,42 @@
-"""The graph's thread pools start every thread at once, with a deep stack (engine/graph.py:
-delta-rs overflowed the default 8 MiB on a large batch)."""
+"""The graph's and maintenance's thread pools start every thread at once, with a deep
+stack (engine/threads.py: delta-rs overflowed the default 8 MiB on a large batch)."""
 
-import os
+import ctypes
+import sys
 import threading
 
 import pytest
 
-from engine.graph import GRAPH_THREAD_STACK_BYTES, started_threads
+from engine.threads import THREAD_STACK_BYTES, started_threads
 
 
-def _stacks_of_that_size() -> int:
-    count = 0
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            start, end = (int(x, 16) for x in line.split()[0].split("-"))
-            if abs(end - start - GRAPH_THREAD_STACK_BYTES) <= 1024 * 1024:
-                count += 1
-    return count
+def _own_stack_bytes() -> int:
+    """The calling thread's stack size, as pthreads gave it (glibc)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.pthread_self.restype = ctypes.c_ulong
+    attr = ctypes.create_string_buffer(128)  # pthread_attr_t: 56 bytes on x86-64
+    assert libc.pthread_getattr_np(ctypes.c_ulong(libc.pthread_self()), attr) == 0
+    size = ctypes.c_size_t()
+    libc.pthread_attr_getstacksize(attr, ctypes.byref(size))
+    libc.pthread_attr_destroy(attr)
+    return size.value
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux only")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's pthreads")
 def test_every_thread_starts_at_once_with_the_deep_stack():
-    before = _stacks_of_that_size()
     pool = started_threads(3, "test-graph")
     try:
         assert len(pool._threads) == 3
-        assert _stacks_of_that_size() - before == 3
         assert threading.stack_size() == 0  # the process's default is back
-        assert pool.submit(lambda: 42).result(timeout=10) == 42
+        # One task a thread (each waits for the others), each reading its own stack.
+        everyone = threading.Barrier(3)
+
+        def stack_bytes() -> int:
+            everyone.wait(10)
+            return _own_stack_bytes()
+
+        sizes = [f.result(timeout=10) for f in [pool.submit(stack_bytes) for _ in range(3)]]
+        assert all(abs(s - THREAD_STACK_BYTES) <= 1024 * 1024 for s in sizes), sizes
+        assert _own_stack_bytes() < THREAD_STACK_BYTES  # the test's thread: the default
     finally:
         pool.shutdown()

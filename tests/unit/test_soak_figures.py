@@ -135,9 +135,14 @@ def test_maintenance_runs_and_the_slow_batches_they_explain():
     assert runs == [{"t_s": 20.0, "view": "Order", "runs": 1, "seconds": 2.5},
                     {"t_s": 30.0, "view": "Customer", "runs": 2, "seconds": 0.4}]
     # Batches: 100 ms, then 1,000 ms while Order was maintained, then 200 ms.
-    steps = [(0.0, {"batch": (0.0, 0)}), (10.0, {"batch": (1.0, 10)}),
-             (20.0, {"batch": (6.0, 15)}), (30.0, {"batch": (8.0, 25)})]
+    # The slow one spent 800 ms a batch in `delta`.
+    steps = [(0.0, {"batch": (0.0, 0), "delta": (0.0, 0)}),
+             (10.0, {"batch": (1.0, 10), "delta": (0.5, 10)}),
+             (20.0, {"batch": (6.0, 15), "delta": (4.5, 15)}),
+             (30.0, {"batch": (8.0, 25), "delta": (5.0, 25), "read": (1.0, 10)})]
     assert slowest_batches(steps, runs, count=2) == [
-        {"t_s": 20.0, "batch_ms": 1000.0, "maintenance": ["Order"]},
-        {"t_s": 30.0, "batch_ms": 200.0, "maintenance": ["Customer"]}]
+        {"t_s": 20.0, "batch_ms": 1000.0, "maintenance": ["Order"],
+         "steps_ms": {"delta": 800.0}},
+        {"t_s": 30.0, "batch_ms": 200.0, "maintenance": ["Customer"],
+         "steps_ms": {"read": 100.0, "delta": 50.0}}]
     assert maintenance_runs([]) == [] and slowest_batches([], []) == []

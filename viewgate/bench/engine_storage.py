@@ -96,11 +96,12 @@ FLAT_SERIES = ("delta_bytes_per_row", "delta_live_data_bytes_per_row", "checkpoi
 
 
 def flatness(samples: Sequence[tuple[float, Mapping[str, float]]], duration_s: float,
-             window_s: float) -> dict[str, dict[str, Any]]:
+             window_s: float, series: Sequence[str] = FLAT_SERIES
+             ) -> dict[str, dict[str, Any]]:
     """Per series: the median over the window after a warm-up window against the median
     over the last window, and whether they are within FLAT_LIMIT of each other."""
     out: dict[str, dict[str, Any]] = {}
-    for name in FLAT_SERIES:
+    for name in series:
         start = [s[name] for t, s in samples if window_s <= t < 2 * window_s and name in s]
         end = [s[name] for t, s in samples if t >= duration_s - window_s and name in s]
         if not start or not end or statistics.median(start) == 0:
@@ -202,15 +203,26 @@ def slowest_batches(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]
                     runs: Sequence[Mapping[str, Any]], count: int = 10
                     ) -> list[dict[str, Any]]:
     """The `count` sample intervals whose graph batches took longest on average (from the
-    step totals, as graph_steps), each with the views whose maintenance ended in it: whether
-    a slow batch waited for maintenance, or was slow on its own."""
+    step totals, as graph_steps), each with the views whose maintenance ended in it and the
+    three steps that took longest in it (mean ms a batch): whether a slow batch waited for
+    maintenance, and where it spent its time."""
+
+    def mean_ms(first: Mapping[str, Sequence[float]], last: Mapping[str, Sequence[float]],
+                step: str) -> float | None:
+        spent, batches = last.get(step, (0.0, 0))
+        spent0, batches0 = first.get(step, (0.0, 0))
+        return (spent - spent0) * 1000 / (batches - batches0) if batches > batches0 else None
+
     intervals = []
     for (t0, first), (t1, last) in itertools.pairwise(totals):
-        spent, batches = last.get("batch", (0.0, 0))
-        spent0, batches0 = first.get("batch", (0.0, 0))
-        if batches > batches0:
-            maintained = sorted({r["view"] for r in runs if t0 < r["t_s"] <= t1})
-            intervals.append({"t_s": t1, "batch_ms": round((spent - spent0) * 1000
-                                                           / (batches - batches0), 1),
-                              "maintenance": maintained})
+        batch_ms = mean_ms(first, last, "batch")
+        if batch_ms is None:
+            continue
+        steps = {step: ms for step in last if step != "batch"
+                 and (ms := mean_ms(first, last, step)) is not None}
+        longest = sorted(steps.items(), key=lambda item: item[1], reverse=True)[:3]
+        intervals.append({"t_s": t1, "batch_ms": round(batch_ms, 1),
+                          "maintenance": sorted({r["view"] for r in runs
+                                                 if t0 < r["t_s"] <= t1}),
+                          "steps_ms": {step: round(ms, 1) for step, ms in longest}})
     return sorted(intervals, key=lambda i: i["batch_ms"], reverse=True)[:count]

@@ -52,7 +52,7 @@ from schema import demo
 from schema.catalog import Catalog
 from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
-from viewgate.bench import engine_storage
+from viewgate.bench import driver_memory, engine_storage
 from viewgate.bench.stats import percentile
 
 TOPIC_PREFIX = "bench-soak"
@@ -241,6 +241,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
             step_totals: list[tuple[float, dict[str, tuple[float, int]]]] = []
             changed: list[tuple[float, int]] = []  # rows the graph's batches changed
             maintained: list[tuple[float, dict[str, tuple[float, int]]]] = []
+            driver: list[tuple[float, dict[str, int]]] = []  # the driver's memory by kind
             sampled = new_event()
             started_at = time.time()
             storage = Worker("engine storage", sample_engine_storage, settings, catalog,
@@ -255,6 +256,8 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
                 step_totals.append((now, graph_step_totals()))  # the engine runs here
                 changed.append((now, rows_changed_total()))
                 maintained.append((now, maintenance_totals()))
+                if not driver or now - driver[-1][0] >= sizes.storage_sample_s:
+                    driver.append((now, driver_memory.sample()))
                 if load.done(sizes.sample_s):
                     break
             sampled.set()
@@ -289,6 +292,7 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
     per_row = engine_storage.per_changed_row(step_totals, changed, duration_s,
                                              growth_window(duration_s))
     maintenance = engine_storage.maintenance_runs(maintained)
+    driver_kinds = sorted({kind for _, sample in driver for kind in sample})
     latency = loaded["latency_ms"]
     problems = verdict(errors, growth["gateway"])
     return {
@@ -317,6 +321,9 @@ def measure(ctx: Any, sizes: SoakSizes) -> dict[str, Any]:
         "engine_graph_steps": steps,
         "engine_per_changed_row": per_row,
         "engine_maintenance": maintenance,
+        "engine_driver_memory": driver,
+        "engine_driver_memory_change": engine_storage.flatness(
+            driver, duration_s, growth_window(duration_s), driver_kinds),
         "engine_slowest_batches": engine_storage.slowest_batches(step_totals, maintenance),
         "history": sizes.history or "the views' own",
         "latency_over_time": latency_over_time(latency, rate, sizes.sample_s),
@@ -432,6 +439,10 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
         if mean["start_ms"] is not None and mean["end_ms"] is not None:
             rows.append((f"engine step {step}", f"{mean['start_ms']:,.1f} -> "
                          f"{mean['end_ms']:,.1f} ms a batch"))
+    for kind, change in report.get("engine_driver_memory_change", {}).items():
+        if change["change"] is not None:
+            rows.append((f"engine driver {kind}", f"{change['change']:+.1%} "
+                         f"({change['start']:,.0f} -> {change['end']:,.0f})"))
     runs = report.get("engine_maintenance", [])
     if runs:
         longest = max(runs, key=lambda r: r["seconds"])
@@ -439,8 +450,9 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
                      f"runs, {sum(r['seconds'] for r in runs):,.1f} s; longest "
                      f"{longest['seconds']:,.1f} s ({longest['view']})"))
     for slow in report.get("engine_slowest_batches", [])[:3]:
+        longest = ", ".join(f"{step} {ms:,.0f}" for step, ms in slow["steps_ms"].items())
         rows.append((f"engine slow batches at {slow['t_s']:,.0f} s", f"{slow['batch_ms']:,.0f} ms"
-                     f" ({', '.join(slow['maintenance']) or 'no'} maintenance)"))
+                     f" ({longest}; {', '.join(slow['maintenance']) or 'no'} maintenance)"))
     rows.append(("views' history", report.get("history", "the views' own")))
     for name, value in rows:
         table.add_row(name, value)

@@ -1,0 +1,67 @@
+"""Where a process's memory lives, by allocator, sampled in the soak's engine driver (the
+soak runs the engine in its own process): an hour's soak saw the driver's RSS double,
+and RSS alone cannot say whose it is.
+
+- `python_blocks`: objects CPython's own allocator holds (sys.getallocatedblocks);
+- `arrow_kb`: what Arrow has allocated (its default pool: jemalloc, viewgate/__init__.py);
+- `malloc_in_use_kb` and `malloc_free_kb`: glibc malloc's bytes in use and free but kept
+  (mallinfo2, every arena): delta-rs's Rust code, Python's large objects and the C
+  libraries allocate there; a large `free` is fragmentation, a growing `in use` is data;
+- `anonymous_kb`: the process's anonymous memory (smaps_rollup), every allocator's
+  together; what RSS adds to it is mapped files (code, the JVM's jars are not here).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _mallinfo() -> _MallInfo2 | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2  # glibc 2.33 and later
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    return mallinfo2()
+
+
+def _proc_kb(path: str, field: str) -> int | None:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def sample() -> dict[str, int]:
+    """This process's memory by allocator (see the module docstring); a figure this
+    machine cannot read is left out."""
+    out = {
+        "python_blocks": sys.getallocatedblocks(),
+        "arrow_kb": pa.default_memory_pool().bytes_allocated() // 1024,
+        "threads": threading.active_count(),
+    }
+    info = _mallinfo()
+    if info is not None:
+        out["malloc_in_use_kb"] = (info.uordblks + info.hblkhd) // 1024
+        out["malloc_free_kb"] = info.fordblks // 1024
+    for name, path, field in (("rss_kb", "/proc/self/status", "VmRSS"),
+                              ("anonymous_kb", "/proc/self/smaps_rollup", "Anonymous")):
+        kb = _proc_kb(path, field)
+        if kb is not None:
+            out[name] = kb
+    return out
