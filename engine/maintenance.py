@@ -163,8 +163,8 @@ class BackgroundMaintenance:
     def wait(self) -> float:
         """Block until the running maintenance, if any, is done; the seconds waited. Its
         failure is its own (`work` logs it): the MERGE after it goes on."""
-        running, self._running = self._running, None
-        if running is None:
+        running = self._running  # kept: every caller waits for the same run
+        if running is None or running.done():
             return 0.0
         started = time.monotonic()
         try:
