@@ -114,6 +114,17 @@ def flatness(samples: Sequence[tuple[float, Mapping[str, float]]], duration_s: f
     return out
 
 
+def _step_mean_ms(first: Mapping[str, Sequence[float]] | None,
+                  last: Mapping[str, Sequence[float]] | None, step: str) -> float | None:
+    """A step's mean milliseconds a batch between two samples of the step totals ({step:
+    (seconds so far, batches so far)}); None without a batch between them."""
+    if first is None or last is None or step not in last:
+        return None
+    spent, count = last[step]
+    spent0, count0 = first.get(step, (0.0, 0))
+    return (spent - spent0) / (count - count0) * 1000 if count > count0 else None
+
+
 def graph_steps(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]], duration_s: float,
                 window_s: float) -> dict[str, dict[str, Any]]:
     """Per step of the view graph's batches (engine.metrics.graph_step_totals, sampled as
@@ -124,19 +135,12 @@ def graph_steps(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]], d
     def at(t: float) -> Mapping[str, Sequence[float]] | None:
         return next((sample for when, sample in totals if when >= t), None)
 
-    def mean_ms(first: Mapping[str, Sequence[float]] | None,
-                last: Mapping[str, Sequence[float]] | None, step: str) -> float | None:
-        if first is None or last is None or step not in last:
-            return None
-        spent, count = last[step]
-        spent0, count0 = first.get(step, (0.0, 0))
-        return (spent - spent0) / (count - count0) * 1000 if count > count0 else None
-
     start_from, start_to = at(window_s), at(2 * window_s)
     end_from, end_to = at(duration_s - window_s), totals[-1][1] if totals else None
     out: dict[str, dict[str, Any]] = {}
     for step in sorted(end_to or {}):
-        first, last = mean_ms(start_from, start_to, step), mean_ms(end_from, end_to, step)
+        first = _step_mean_ms(start_from, start_to, step)
+        last = _step_mean_ms(end_from, end_to, step)
         change = round(last / first - 1, 4) if first and last is not None else None
         out[step] = {"start_ms": None if first is None else round(first, 1),
                      "end_ms": None if last is None else round(last, 1), "change": change}
@@ -207,19 +211,13 @@ def slowest_batches(totals: Sequence[tuple[float, Mapping[str, Sequence[float]]]
     three steps that took longest in it (mean ms a batch): whether a slow batch waited for
     maintenance, and where it spent its time."""
 
-    def mean_ms(first: Mapping[str, Sequence[float]], last: Mapping[str, Sequence[float]],
-                step: str) -> float | None:
-        spent, batches = last.get(step, (0.0, 0))
-        spent0, batches0 = first.get(step, (0.0, 0))
-        return (spent - spent0) * 1000 / (batches - batches0) if batches > batches0 else None
-
     intervals = []
     for (t0, first), (t1, last) in itertools.pairwise(totals):
-        batch_ms = mean_ms(first, last, "batch")
+        batch_ms = _step_mean_ms(first, last, "batch")
         if batch_ms is None:
             continue
         steps = {step: ms for step in last if step != "batch"
-                 and (ms := mean_ms(first, last, step)) is not None}
+                 and (ms := _step_mean_ms(first, last, step)) is not None}
         longest = sorted(steps.items(), key=lambda item: item[1], reverse=True)[:3]
         intervals.append({"t_s": t1, "batch_ms": round(batch_ms, 1),
                           "maintenance": sorted({r["view"] for r in runs
