@@ -13,16 +13,22 @@ from concurrent.futures import ThreadPoolExecutor
 THREAD_STACK_BYTES = 256 * 1024 * 1024
 
 
+# The stack size is the process's: callers in several threads at once (the views' Delta
+# threads start their maintenance threads together) would each restore what another set.
+_STACK_SIZE_LOCK = threading.Lock()
+
+
 def started_threads(count: int, name: str) -> ThreadPoolExecutor:
     """A pool of `count` threads, all started now with THREAD_STACK_BYTES of stack
     (a pool starts its threads on demand, when the process-wide stack size may differ)."""
     pool = ThreadPoolExecutor(count, name)
     everyone = threading.Barrier(count + 1)
-    previous = threading.stack_size(THREAD_STACK_BYTES)
-    try:
-        for _ in range(count):  # each task blocks, so each submit starts a thread
-            pool.submit(everyone.wait, 60)
-        everyone.wait(60)
-    finally:
-        threading.stack_size(previous)
+    with _STACK_SIZE_LOCK:
+        previous = threading.stack_size(THREAD_STACK_BYTES)
+        try:
+            for _ in range(count):  # each task blocks, so each submit starts a thread
+                pool.submit(everyone.wait, 60)
+            everyone.wait(60)
+        finally:
+            threading.stack_size(previous)
     return pool

@@ -24,10 +24,11 @@ def _own_stack_bytes() -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's pthreads")
 def test_every_thread_starts_at_once_with_the_deep_stack():
+    default = threading.stack_size()
     pool = started_threads(3, "test-graph")
     try:
         assert len(pool._threads) == 3
-        assert threading.stack_size() == 0  # the process's default is back
+        assert threading.stack_size() == default  # the process's default is back
         # One task a thread (each waits for the others), each reading its own stack.
         everyone = threading.Barrier(3)
 
@@ -40,3 +41,26 @@ def test_every_thread_starts_at_once_with_the_deep_stack():
         assert _own_stack_bytes() < THREAD_STACK_BYTES  # the test's thread: the default
     finally:
         pool.shutdown()
+
+
+def test_callers_in_several_threads_at_once_leave_the_default_as_it_was():
+    # The views' Delta threads start their maintenance threads together.
+    default = threading.stack_size()
+    everyone = threading.Barrier(8)
+    pools = []
+
+    def start() -> None:
+        everyone.wait(10)
+        pools.append(started_threads(1, "test-maintenance"))
+
+    callers = [threading.Thread(target=start) for _ in range(8)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(30)
+    try:
+        assert len(pools) == 8
+        assert threading.stack_size() == default
+    finally:
+        for pool in pools:
+            pool.shutdown()
