@@ -16,9 +16,10 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-from pathlib import Path
 
 import pyarrow as pa
+
+from viewgate.bench.load import proc_kb
 
 
 class _MallInfo2(ctypes.Structure):
@@ -37,16 +38,6 @@ def _mallinfo() -> _MallInfo2 | None:
     return mallinfo2()
 
 
-def _proc_kb(path: str, field: str) -> int | None:
-    try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def sample() -> dict[str, int]:
     """This process's memory by allocator (see the module docstring); a figure this
     machine cannot read is left out."""
@@ -61,7 +52,7 @@ def sample() -> dict[str, int]:
         out["malloc_free_kb"] = info.fordblks // 1024
     for name, path, field in (("rss_kb", "/proc/self/status", "VmRSS"),
                               ("anonymous_kb", "/proc/self/smaps_rollup", "Anonymous")):
-        kb = _proc_kb(path, field)
+        kb = proc_kb(path, field)
         if kb is not None:
             out[name] = kb
     return out

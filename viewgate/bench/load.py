@@ -86,6 +86,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
 
 
+def proc_kb(path: str, field: str) -> int | None:
+    """A `<field>: <n> kB` line of a /proc file (status, smaps_rollup); None if the file or
+    the line is missing (a process gone, another kernel)."""
+    try:
+        with open(path) as proc:
+            lines = proc.read().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith(f"{field}:")),
+                None)
+
+
 def cpu_seconds_fine(pid: int) -> float:
     """CPU seconds a process's live threads have used so far, in nanoseconds' resolution
     (/proc/<pid>/task/*/schedstat): for short spans, where utime and stime's 10 ms ticks

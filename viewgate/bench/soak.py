@@ -53,6 +53,7 @@ from schema.catalog import Catalog
 from schema.redis_client import connect as connect_redis
 from schema.settings import Settings
 from viewgate.bench import driver_memory, engine_storage
+from viewgate.bench.load import proc_kb
 from viewgate.bench.stats import percentile
 
 TOPIC_PREFIX = "bench-soak"
@@ -145,15 +146,7 @@ def with_history(catalog: Catalog, history: str) -> Catalog:
 
 
 def _rss_kb(pid: int | None) -> int | None:
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    return None if pid is None else proc_kb(f"/proc/{pid}/status", "VmRSS")
 
 
 def _jvm_pid(spark: Any) -> int | None:
