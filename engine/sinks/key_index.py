@@ -3,20 +3,32 @@
 A MERGE with deletion vectors must name the row positions of the keys it replaces or
 deletes. Reading the key column of every file per batch would cost the table's size again,
 so each file's keys are read once (when the writer first sees the file; files never change)
-and kept sorted in NumPy, the key's bytes and 8 more a row (KeyIndex: a batch's lookup is
-a binary search in one array for most files and one per file added since).
+and kept sorted, the key's bytes and 8 more a row (KeyIndex: a batch's lookup is a binary
+search in one sorted run for most files and one per file added since).
+
+That run grows with the table, so it is not kept in the driver's memory: it lives in an
+unnamed file of its own (`spill_dir`, the system's temporary folder by default; the file
+is gone when the index is), mapped for each lookup and let go after it. The pages a batch
+reads stay in the operating system's page cache, which gives them back under pressure;
+the driver's own memory no longer grows with the rows of the views (issue 19's soak).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import mmap
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 _SEPARATOR = "\x1f"  # between the columns of a composite key; not in any sane key
+# Entries merged in memory at a time while a fold writes the new run: what a fold costs
+# the driver's memory, whatever the table's size (4.5 MB with 10-byte keys).
+FOLD_CHUNK = 1 << 18
 
 
 def encode_keys(data: pa.Table, columns: Sequence[str]) -> np.ndarray:
@@ -32,79 +44,155 @@ def encode_keys(data: pa.Table, columns: Sequence[str]) -> np.ndarray:
     return np.array(pc.cast(text, pa.binary()).to_pylist(), dtype=np.bytes_)
 
 
-@dataclass(frozen=True)
-class _Keys:
-    """Keys sorted, with the file (a number) and row position each one is at."""
-
-    keys: np.ndarray
-    files: np.ndarray
-    rows: np.ndarray
-
-    def find(self, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(files, rows, keys) of every entry whose key is in `probe` (sorted, unique). A
-        file can hold a key more than once (an old row and its replacement): all of them."""
-        if not len(self.keys) or probe[-1] < self.keys[0] or probe[0] > self.keys[-1]:
-            return _NONE, _NONE, _NONE
-        low = np.searchsorted(self.keys, probe, side="left")
-        counts = np.searchsorted(self.keys, probe, side="right") - low
-        if not counts.any():
-            return _NONE, _NONE, _NONE
-        at = np.repeat(low, counts) + (
-            np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
-        return self.files[at], self.rows[at], self.keys[at]
+def _entries(keys: np.ndarray, file: int, rows: np.ndarray) -> np.ndarray:
+    """One record a row: its key, its file's number and its position, sorted by key. One
+    record keeps the three on one page of the spilled run (one page read a key found)."""
+    order = np.argsort(keys, kind="stable")
+    out = np.empty(len(keys), dtype=_record(keys.dtype))
+    out["key"] = keys[order]
+    out["file"] = file
+    out["row"] = rows[order]
+    return out
 
 
-_NONE = np.empty(0, dtype=np.int32)
+def _record(key: np.dtype) -> np.dtype:
+    # 32 bits for the file number and the row: 16 bytes a row with a 8-byte key.
+    return np.dtype([("key", key), ("file", "<i4"), ("row", "<u4")])
+
+
+def _find(entries: np.ndarray, probe: np.ndarray) -> np.ndarray:
+    """The entries whose key is in `probe` (sorted, unique). A file can hold a key more
+    than once (an old row and its replacement): all of them."""
+    keys = entries["key"]
+    if not len(keys) or probe[-1] < keys[0] or probe[0] > keys[-1]:
+        return entries[:0]
+    low = np.searchsorted(keys, probe, side="left")
+    counts = np.searchsorted(keys, probe, side="right") - low
+    if not counts.any():
+        return entries[:0]
+    at = np.repeat(low, counts) + (
+        np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    return entries[at]  # a copy: nothing of the mapping outlives the lookup
+
+
+def _widened(entries: np.ndarray, key: np.dtype) -> np.ndarray:
+    """`entries` with keys of dtype `key`: a longer key must not be cut to fit."""
+    return entries if entries.dtype["key"] == key else entries.astype(_record(key))
+
+
+class _SpilledRun:
+    """Entries sorted by key in an unnamed file, mapped only while a lookup reads them."""
+
+    def __init__(self, chunks: Iterable[np.ndarray], record: np.dtype,
+                 spill_dir: str | None) -> None:
+        self.record = record
+        self.count = 0
+        self._file: BinaryIO = tempfile.TemporaryFile(dir=spill_dir)
+        for chunk in chunks:
+            self._file.write(np.ascontiguousarray(chunk).data)
+            self.count += len(chunk)
+        self._file.flush()
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.record.itemsize
+
+    def mapped(self) -> _Mapping:
+        return _Mapping(self)
+
+
+class _Mapping:
+    """The run's entries for the span of a `with`; its pages leave the process's memory
+    after it (they stay in the page cache)."""
+
+    def __init__(self, run: _SpilledRun) -> None:
+        self.run = run
+        self._map: mmap.mmap | None = None
+
+    def __enter__(self) -> np.ndarray:
+        if not self.run.count:
+            return np.empty(0, dtype=self.run.record)
+        self._map = mmap.mmap(self.run._file.fileno(), self.run.nbytes, prot=mmap.PROT_READ)
+        return np.frombuffer(self._map, dtype=self.run.record, count=self.run.count)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._map is not None:
+            # The caller's arrays may outlive the `with` (the mapping is unmapped when the
+            # last of them goes); their pages leave the process's memory now.
+            self._map.madvise(mmap.MADV_DONTNEED)
+            self._map = None
+
+
+def _merge(base: np.ndarray, recent: np.ndarray, dead: np.ndarray) -> Iterator[np.ndarray]:
+    """`base` and `recent` (both sorted by key) as one sorted run, in chunks of about
+    FOLD_CHUNK entries, without the entries of `dead` files."""
+    key = np.result_type(base.dtype["key"], recent.dtype["key"])
+    recent = _widened(recent, key)
+    at = np.searchsorted(base["key"], recent["key"], side="left")
+    taken = 0
+    for start in range(0, max(len(base), 1), FOLD_CHUNK):
+        end = min(start + FOLD_CHUNK, len(base))
+        # The recent entries that go before base[end] (the last chunk: all that are left).
+        until = len(at) if end == len(base) else int(np.searchsorted(at, end, side="left"))
+        chunk = np.insert(_widened(base[start:end], key), at[taken:until] - start,
+                          recent[taken:until])
+        taken = until
+        if len(dead):
+            chunk = chunk[~np.isin(chunk["file"], dead)]
+        yield chunk
 
 
 class KeyIndex:
-    """Two levels, as an LSM tree: the base (every file up to the last fold, one sorted
-    array) and the files added since, each sorted on its own. A lookup costs two binary
-    searches in the base and two per recent file; every `fold_at` files the recent ones
-    are merged into the base (a copy of the base's arrays, milliseconds at 2 million keys)."""
+    """Two levels, as an LSM tree: the base (every file up to the last fold, one sorted run
+    on disk, _SpilledRun) and the files added since, each sorted on its own in memory. A
+    lookup costs two binary searches in the base and two per recent file; every `fold_at`
+    files the recent ones are merged into a new base, written a chunk at a time (the whole
+    run is rewritten: a fold costs the table's size in writes, not in the driver's memory).
+    Files compacted away stay in the base, skipped by lookups, until the next fold."""
 
-    def __init__(self, fold_at: int = 32) -> None:
+    def __init__(self, fold_at: int = 32, spill_dir: str | Path | None = None) -> None:
         self.fold_at = fold_at
+        self.spill_dir = None if spill_dir is None else str(spill_dir)
         self._paths: list[str | None] = []  # file number -> path (None: gone)
         self._numbers: dict[str, int] = {}
-        self._base = _Keys(np.empty(0, dtype=np.int64), _NONE, _NONE)
+        self._base: _SpilledRun | None = None
         self._base_numbers: set[int] = set()
-        self._recent: dict[int, _Keys] = {}
+        self._recent: dict[int, np.ndarray] = {}
 
     def __contains__(self, path: str) -> bool:
         return path in self._numbers
+
+    @property
+    def spilled_bytes(self) -> int:
+        """The base's size on disk."""
+        return 0 if self._base is None else self._base.nbytes
 
     def add(self, path: str, keys: np.ndarray) -> None:
         """A file's keys in row order."""
         number = len(self._paths)
         self._paths.append(path)
         self._numbers[path] = number
-        order = np.argsort(keys, kind="stable")
-        # 32 bits for the file number and the row: 16 bytes a row with a 10-byte key.
-        self._recent[number] = _Keys(keys[order], np.full(len(keys), number, dtype=np.int32),
-                                     order.astype(np.uint32))
+        self._recent[number] = _entries(keys, number,
+                                        np.arange(len(keys), dtype=np.uint32))
 
     def settle(self) -> None:
         """Fold the recent files into the base once there are `fold_at` of them."""
         if len(self._recent) < self.fold_at:
             return
-        base = self._base
-        if not len(base.keys):
-            parts = list(self._recent.values())
-            keys = np.concatenate([p.keys for p in parts])
-            order = np.argsort(keys, kind="stable")
-            base = _Keys(keys[order], np.concatenate([p.files for p in parts])[order],
-                         np.concatenate([p.rows for p in parts])[order])
+        recent = np.concatenate([_widened(part, np.result_type(
+            *(p.dtype["key"] for p in self._recent.values())))
+            for part in self._recent.values()])
+        recent = recent[np.argsort(recent["key"], kind="stable")]
+        dead = np.array(sorted(n for n in self._base_numbers if self._paths[n] is None),
+                        dtype=np.int32)
+        if self._base is None:
+            self._base = _SpilledRun([recent], recent.dtype, self.spill_dir)
         else:
-            for part in self._recent.values():
-                at = np.searchsorted(base.keys, part.keys)
-                # Widen the base's strings first: np.insert would cut longer keys to fit.
-                wide = base.keys.astype(np.result_type(base.keys, part.keys), copy=False)
-                base = _Keys(np.insert(wide, at, part.keys),
-                             np.insert(base.files, at, part.files),
-                             np.insert(base.rows, at, part.rows))
-        self._base = base
-        self._base_numbers |= set(self._recent)
+            with self._base.mapped() as base:
+                key = np.result_type(base.dtype["key"], recent.dtype["key"])
+                self._base = _SpilledRun(_merge(base, recent, dead), _record(key),
+                                         self.spill_dir)
+        self._base_numbers = (self._base_numbers - set(dead.tolist())) | set(self._recent)
         self._recent = {}
 
     def keep_only(self, paths: Iterable[str]) -> None:
@@ -112,12 +200,6 @@ class KeyIndex:
         live = {self._numbers[p] for p in paths if p in self._numbers}
         for number in [n for n in self._recent if n not in live]:
             del self._recent[number]
-        dropped = self._base_numbers - live
-        if dropped:
-            keep = ~np.isin(self._base.files, list(dropped))
-            self._base = _Keys(self._base.keys[keep], self._base.files[keep],
-                               self._base.rows[keep])
-            self._base_numbers -= dropped
         for path, number in list(self._numbers.items()):
             if number not in live:
                 del self._numbers[path]
@@ -130,10 +212,15 @@ class KeyIndex:
         found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if not len(probe):
             return found
-        for part in [self._base, *self._recent.values()]:
-            files, rows, matched = part.find(probe)
-            for number in np.unique(files):
+        matches = [_find(part, probe) for part in self._recent.values()]
+        if self._base is not None:
+            with self._base.mapped() as base:
+                matches.append(_find(base, probe))
+        for entries in matches:
+            for number in np.unique(entries["file"]).tolist():
                 path = self._paths[number]
-                mine = files == number
-                found[path] = (rows[mine], matched[mine])  # a file is in one part only
+                if path is None:
+                    continue  # compacted away, still in the base until the next fold
+                mine = entries[entries["file"] == number]
+                found[path] = (mine["row"], mine["key"])  # a file is in one part only
         return found
