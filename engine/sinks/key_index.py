@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import tempfile
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -142,6 +143,14 @@ def _merge(base: np.ndarray, recent: np.ndarray, dead: np.ndarray) -> Iterator[n
         yield chunk
 
 
+_LIVE: weakref.WeakSet[KeyIndex] = weakref.WeakSet()
+
+
+def spilled_bytes_total() -> int:
+    """What every key index of this process holds on disk (the soak reports it)."""
+    return sum(index.spilled_bytes for index in list(_LIVE))
+
+
 class KeyIndex:
     """Two levels, as an LSM tree: the base (every file up to the last fold, one sorted run
     on disk, _SpilledRun) and the files added since, each sorted on its own in memory. A
@@ -158,6 +167,7 @@ class KeyIndex:
         self._base: _SpilledRun | None = None
         self._base_numbers: set[int] = set()
         self._recent: dict[int, np.ndarray] = {}
+        _LIVE.add(self)
 
     def __contains__(self, path: str) -> bool:
         return path in self._numbers

@@ -23,3 +23,17 @@ def test_each_allocator_sees_what_it_allocated():
     assert after["arrow_kb"] - before["arrow_kb"] >= 30 * 1024
     del held, array
     assert driver_memory.sample()["malloc_in_use_kb"] < after["malloc_in_use_kb"] - 60 * 1024
+
+
+def test_the_key_indexes_on_disk_are_counted_apart(tmp_path):
+    import numpy as np
+
+    from engine.sinks.key_index import KeyIndex
+
+    before = driver_memory.sample()["key_index_spilled_kb"]
+    index = KeyIndex(fold_at=1, spill_dir=tmp_path)
+    index.add("a", np.arange(640_000, dtype=np.int64))  # 16 bytes an entry: 10,000 KiB
+    index.settle()
+    assert driver_memory.sample()["key_index_spilled_kb"] - before == 10_000
+    del index
+    assert driver_memory.sample()["key_index_spilled_kb"] == before

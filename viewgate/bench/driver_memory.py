@@ -8,7 +8,9 @@ and RSS alone cannot say whose it is.
   (mallinfo2, every arena): delta-rs's Rust code, Python's large objects and the C
   libraries allocate there; a large `free` is fragmentation, a growing `in use` is data;
 - `anonymous_kb`: the process's anonymous memory (smaps_rollup), every allocator's
-  together; what RSS adds to it is mapped files (code, the JVM's jars are not here).
+  together; what RSS adds to it is mapped files (code, the JVM's jars are not here);
+- `key_index_spilled_kb`: what the deletion-vector writers' key indexes keep on disk
+  instead (engine.sinks.key_index), which grows with the views' rows by design.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 
 import pyarrow as pa
 
+from engine.sinks.key_index import spilled_bytes_total
 from viewgate.bench.load import proc_kb
 
 
@@ -45,6 +48,7 @@ def sample() -> dict[str, int]:
         "python_blocks": sys.getallocatedblocks(),
         "arrow_kb": pa.default_memory_pool().bytes_allocated() // 1024,
         "threads": threading.active_count(),
+        "key_index_spilled_kb": spilled_bytes_total() // 1024,
     }
     info = _mallinfo()
     if info is not None:
