@@ -1,6 +1,7 @@
 """Every viewgate process allocates Arrow's memory from jemalloc (viewgate/__init__.py)."""
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -28,3 +29,35 @@ def test_importing_viewgate_first_gives_arrow_jemalloc():
 
 def test_a_users_choice_of_allocator_wins():
     assert _backend(ARROW_DEFAULT_MEMORY_POOL="system") == "system"
+
+
+# A 20 MiB block freed raises glibc's dynamic threshold to 20 MiB; a 2 MiB block is then
+# mapped on its own (counted in mallinfo2's hblkhd) only with the threshold fixed.
+MAPPED = """
+import ctypes
+{imports}
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free(ctypes.c_void_p(libc.malloc(20 << 20)))
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(2 << 20)
+print(libc.mallinfo2().hblkhd - before >= 2 << 20)
+"""
+
+
+def _mapped_apart(imports: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    done = subprocess.run([sys.executable, "-c", MAPPED.format(imports=imports)], env=clean,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_importing_viewgate_fixes_mallocs_mmap_threshold():
+    assert _mapped_apart("") == "False"  # glibc's own: the freed 20 MiB raised it
+    assert _mapped_apart("import viewgate") == "True"
