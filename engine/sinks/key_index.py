@@ -19,6 +19,7 @@ import mmap
 import tempfile
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -98,30 +99,19 @@ class _SpilledRun:
     def nbytes(self) -> int:
         return self.count * self.record.itemsize
 
-    def mapped(self) -> _Mapping:
-        return _Mapping(self)
-
-
-class _Mapping:
-    """The run's entries for the span of a `with`; its pages leave the process's memory
-    after it (they stay in the page cache)."""
-
-    def __init__(self, run: _SpilledRun) -> None:
-        self.run = run
-        self._map: mmap.mmap | None = None
-
-    def __enter__(self) -> np.ndarray:
-        if not self.run.count:
-            return np.empty(0, dtype=self.run.record)
-        self._map = mmap.mmap(self.run._file.fileno(), self.run.nbytes, prot=mmap.PROT_READ)
-        return np.frombuffer(self._map, dtype=self.run.record, count=self.run.count)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._map is not None:
-            # The caller's arrays may outlive the `with` (the mapping is unmapped when the
-            # last of them goes); their pages leave the process's memory now.
-            self._map.madvise(mmap.MADV_DONTNEED)
-            self._map = None
+    @contextmanager
+    def mapped(self) -> Iterator[np.ndarray]:
+        """The run's entries for the span of a `with`; their pages leave the process's
+        memory after it (they stay in the page cache). Arrays taken from them may outlive
+        it: the mapping is unmapped when the last of them goes."""
+        if not self.count:
+            yield np.empty(0, dtype=self.record)
+            return
+        view = mmap.mmap(self._file.fileno(), self.nbytes, prot=mmap.PROT_READ)
+        try:
+            yield np.frombuffer(view, dtype=self.record, count=self.count)
+        finally:
+            view.madvise(mmap.MADV_DONTNEED)
 
 
 def _merge(base: np.ndarray, recent: np.ndarray, dead: np.ndarray) -> Iterator[np.ndarray]:
@@ -189,9 +179,8 @@ class KeyIndex:
         """Fold the recent files into the base once there are `fold_at` of them."""
         if len(self._recent) < self.fold_at:
             return
-        recent = np.concatenate([_widened(part, np.result_type(
-            *(p.dtype["key"] for p in self._recent.values())))
-            for part in self._recent.values()])
+        key = np.result_type(*(part.dtype["key"] for part in self._recent.values()))
+        recent = np.concatenate([_widened(part, key) for part in self._recent.values()])
         recent = recent[np.argsort(recent["key"], kind="stable")]
         dead = np.array(sorted(n for n in self._base_numbers if self._paths[n] is None),
                         dtype=np.int32)
