@@ -39,7 +39,7 @@ from typing import Any
 from schema import demo
 from schema.settings import Settings
 from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
-from viewgate.bench.load import cpu_seconds
+from viewgate.bench.load import cpu_seconds, rss_kb
 from viewgate.bench.report import Figure
 from viewgate.bench.servers import LIMITS_OFF, settings_env, uvicorn_args
 from viewgate.bench.workers import Worker, new_event, produce_paced
@@ -84,12 +84,7 @@ FIGURES = (
 
 
 def _rss_kb(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
-    return total
+    return sum(rss_kb(pid) for pid in pids)
 
 
 def _workers(pid: int) -> list[int]:

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from viewgate.bench.group import BenchError
+
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -96,6 +98,14 @@ def proc_kb(path: str, field: str) -> int | None:
         return None
     return next((int(line.split()[1]) for line in lines if line.startswith(f"{field}:")),
                 None)
+
+
+def rss_kb(pid: int) -> int:
+    """A live process's resident memory; a process gone is the bench's error, not a zero."""
+    kb = proc_kb(f"/proc/{pid}/status", "VmRSS")
+    if kb is None:
+        raise BenchError(f"no VmRSS for process {pid}")
+    return kb
 
 
 def cpu_seconds_fine(pid: int) -> float:

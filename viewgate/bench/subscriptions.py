@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from schema import demo
@@ -43,7 +42,7 @@ from viewgate.bench.engine import (
 )
 from viewgate.bench.gateway import customer_rows
 from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
-from viewgate.bench.load import cpu_seconds_fine
+from viewgate.bench.load import cpu_seconds_fine, rss_kb
 from viewgate.bench.report import Figure, Plot
 from viewgate.bench.servers import running
 from viewgate.bench.workers import Worker, new_event, produce_paced, watch_meta
@@ -85,13 +84,6 @@ LIVE_CUSTOMER = ("subscription Live($id: String!) "
 
 def _url(port: int) -> str:
     return f"ws://127.0.0.1:{port}/graphql"
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise BenchError(f"no VmRSS for process {pid}")
 
 
 def seed_customers(settings: Settings, catalog: Catalog) -> None:
@@ -174,7 +166,7 @@ def measure_fanout(ctx: BenchContext, settings: Settings, catalog: Catalog, port
     per_connection = max(1, sizes.fanout // sizes.fanout_connections)
     total = per_worker * FANOUT_WORKERS * per_connection
     marker = f"fanout-{time.time_ns()}"
-    rss_before = _rss_kb(gateway_pid)
+    rss_before = rss_kb(gateway_pid)
     stop = new_event()
     readies = [new_event() for _ in range(FANOUT_WORKERS)]
     ctx.say(f"opening {total:,} live subscriptions of customer {key} over "
@@ -187,7 +179,7 @@ def measure_fanout(ctx: BenchContext, settings: Settings, catalog: Catalog, port
         for ready in readies:
             if not ready.wait(max(0.0, deadline - time.monotonic())):
                 raise BenchError(f"{total:,} subscriptions were not all open within 300 s")
-        rss_after = _rss_kb(gateway_pid)
+        rss_after = rss_kb(gateway_pid)
         gateway_cpu = cpu_seconds_fine(gateway_pid)
         row = dict(rows[key], name=marker)
         produced_ms = time.time() * 1000
