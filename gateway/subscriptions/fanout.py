@@ -2,8 +2,8 @@
 
 One FeedConsumer per process hands batches of events here. Each event is checked once:
 events of a generation other than the one the view serves are dropped (a rebuild's
-catch-up), and so are repeats (the feed is at least once: a key's version never goes
-back). The subscriber index then says who receives it. When a rebuild switches a view's
+catch-up), and so are repeats (the feed is at least once; repeats.RepeatFilter). The
+subscriber index then says who receives it. When a rebuild switches a view's
 generation, live values are read again and change subscribers are told to start over.
 """
 
@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from gateway.reads.reads import Reads
 from gateway.reads.redis_store import RedisUnavailable
 from gateway.subscriptions.feed import FeedConsumer, FeedEvent
 from gateway.subscriptions.feed_history import FeedHistory
+from gateway.subscriptions.repeats import RepeatFilter
 from gateway.subscriptions.subscribers import SubscriberIndex
 from schema.catalog import Catalog
 from schema.settings import Settings
@@ -30,7 +30,6 @@ from schema.storage import changefeed_topic, read_current_generation
 
 log = logging.getLogger("viewgate.gateway.fanout")
 
-SEEN_KEYS = 200_000  # (view, key) versions remembered to drop repeats
 GENERATION_CHECK_S = 1.0  # how soon a switch without new events is noticed
 FANOUT_NOTED = 1000  # a batch delivering this many messages is noted (FanoutStats.last_fanout)
 
@@ -74,7 +73,7 @@ class Fanout:
         self.history = FeedHistory(settings.kafka_bootstrap)
         self.serving: dict[str, int] = {}
         self.stats = FanoutStats()
-        self._seen: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+        self.repeats = RepeatFilter()
         self._watch: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -150,25 +149,16 @@ class Fanout:
 
     def _deliver(self, item: FeedEvent) -> None:
         event = item.event
-        if event.generation != self.serving.get(event.view, 0) or self._repeat(event):
+        if event.generation != self.serving.get(event.view, 0):
+            return
+        if self.repeats.repeat(event.view, event.generation, event.version, event.key):
+            self.stats.repeats += 1
             return
         for sub, op in self.index.targets(event):
             sub.put((op, item))
             self.stats.delivered += 1
         for live in self.index.live_queries(event):
             live.changed()
-
-    def _repeat(self, event: Any) -> bool:
-        slot = (event.view, event.key)
-        seen = self._seen.get(slot)
-        if seen is not None and seen[0] == event.generation and seen[1] >= event.version:
-            self.stats.repeats += 1
-            return True
-        self._seen[slot] = (event.generation, event.version)
-        self._seen.move_to_end(slot)
-        if len(self._seen) > SEEN_KEYS:
-            self._seen.popitem(last=False)
-        return False
 
     def report(self) -> Mapping[str, Any]:
         """What /subscriptions shows: for operators, tests and benchmarks."""

@@ -178,6 +178,28 @@ def test_the_fanout_drops_repeats_older_versions_and_other_generations():
     assert fanout.stats.repeats == 2
 
 
+def test_repeats_are_dropped_exactly_with_memory_of_the_newest_version_only():
+    from gateway.subscriptions.repeats import RepeatFilter
+
+    repeats = RepeatFilter()
+    # Batch 7 reached the feed in part (k1, k2), the engine died, and its replay sends all
+    # of batch 7 again (k1, k2, k3) before batch 8.
+    first = [repeats.repeat("Order", 0, 7, k) for k in ("k1", "k2")]
+    replay = [repeats.repeat("Order", 0, 7, k) for k in ("k1", "k2", "k3")]
+    assert first == [False, False] and replay == [True, True, False]
+    assert repeats.repeat("Order", 0, 8, "k1") is False  # a newer version of a key seen
+    assert repeats.repeat("Order", 0, 7, "k9") is True  # older than the newest: a repeat
+    assert repeats.repeat("Customer", 0, 3, "k1") is False  # each view on its own
+    assert repeats.repeat("Order", 1, 0, "k1") is False  # a rebuild's generation: fresh
+    assert repeats.repeat("Order", 0, 9, "k1") is True  # the old generation is behind
+    # Only the newest version's keys are kept, however many were seen before.
+    for version in range(10, 1_000):
+        for key in range(50):
+            repeats.repeat("Order", 1, version, f"k{key}")
+    assert {v: len(n.keys) for v, n in repeats._newest.items()} == {"Order": 50,
+                                                                      "Customer": 1}
+
+
 def test_the_fanout_notes_a_batch_delivering_many_messages_and_not_a_small_one():
     from gateway.subscriptions.fanout import FANOUT_NOTED
 
