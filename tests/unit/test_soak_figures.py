@@ -56,6 +56,32 @@ def test_engine_flatness_compares_the_start_with_the_end():
     assert out["delta_live_data_bytes_per_row"]["flat"] is None  # not sampled: not judged
 
 
+def test_settled_figures_start_once_the_history_has_filled_and_span_a_vacuum():
+    from viewgate.bench.soak import settled, settled_window
+
+    # 10 minutes of history, maintenance every 10: settled from minute 20, 10-minute windows.
+    assert settled_window("10 minutes", 600, 3600) == (1200, 600)
+    assert settled_window("", 600, 3600) is None  # the views' own day never settles
+    assert settled_window("1 day", 600, 3600) is None
+    assert settled_window("10 minutes", 600, 2000) is None  # no room for two windows
+    assert settled_window("10 minutes", 0, 3600) is None  # no maintenance: nothing vacuumed
+
+    def sawtooth(t: float) -> float:  # fills for 20 minutes, then rises and falls each 10
+        return t / 6 if t < 1200 else 100 + (t % 600) / 6
+
+    held = [(float(t), {"delta_bytes_per_row": sawtooth(t)}) for t in range(0, 3600, 10)]
+    driver = [(float(t), {"rss_kb": 100.0 + (t > 1800) * 30}) for t in range(0, 3600, 10)]
+    rss = {"gateway": [(float(t), 200) for t in range(0, 3600, 10)]}
+    out = settled((1200, 600), 3600, held, driver, ["rss_kb"], rss)
+    assert out is not None and (out["from_s"], out["window_s"]) == (1200, 600)
+    # Both windows hold one whole rise and fall: the same median, whatever their phase.
+    assert out["engine"]["delta_bytes_per_row"]["change"] == 0.0
+    assert out["engine_driver_memory"]["rss_kb"] == {"start": 100.0, "end": 130.0,
+                                                    "change": 0.3, "flat": False}
+    assert out["rss_kb"]["gateway"]["flat"] is True
+    assert settled(None, 3600, held, driver, ["rss_kb"], rss) is None
+
+
 def test_bytes_on_disk_count_files_and_skip_one_renamed_while_listed(tmp_path, monkeypatch):
     from pathlib import Path
 

@@ -96,13 +96,15 @@ FLAT_SERIES = ("delta_bytes_per_row", "delta_live_data_bytes_per_row", "checkpoi
 
 
 def flatness(samples: Sequence[tuple[float, Mapping[str, float]]], duration_s: float,
-             window_s: float, series: Sequence[str] = FLAT_SERIES
-             ) -> dict[str, dict[str, Any]]:
-    """Per series: the median over the window after a warm-up window against the median
-    over the last window, and whether they are within FLAT_LIMIT of each other."""
+             window_s: float, series: Sequence[str] = FLAT_SERIES,
+             start_s: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per series: the median over the window from `start_s` (default: after a warm-up
+    window) against the median over the last window, and whether they are within
+    FLAT_LIMIT of each other."""
+    begin = window_s if start_s is None else start_s
     out: dict[str, dict[str, Any]] = {}
     for name in series:
-        start = [s[name] for t, s in samples if window_s <= t < 2 * window_s and name in s]
+        start = [s[name] for t, s in samples if begin <= t < begin + window_s and name in s]
         end = [s[name] for t, s in samples if t >= duration_s - window_s and name in s]
         if not start or not end or statistics.median(start) == 0:
             out[name] = {"start": None, "end": None, "change": None, "flat": None}
