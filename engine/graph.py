@@ -58,6 +58,7 @@ from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
 from engine.incremental import Change, Key, TableView, json_value, view_changes
 from engine.lineage import Lineage, lineage
+from engine.malloc import trim_free_memory
 from engine.metrics import observe_graph_steps, observe_rows_changed, observe_stream
 from engine.sinks.redis_sink import Before
 from engine.sources import classify_sources, read_kafka, source_columns, value_column
@@ -253,6 +254,9 @@ class GraphBatch:
             for view in self.views:
                 IN_FLIGHT.pop(view.name, None)
         self.timings["batch_ms"] = (time.perf_counter() - started) * 1000
+        lap = time.perf_counter()
+        if trim_free_memory():  # after a batch far larger than the usual (engine.malloc)
+            self.timings["trim_ms"] = (time.perf_counter() - lap) * 1000
         observe_graph_steps(self.timings)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("graph batch %d: %s", batch_id,

@@ -15,30 +15,14 @@ and RSS alone cannot say whose it is.
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import threading
 
 import pyarrow as pa
 
+from engine.malloc import mallinfo
 from engine.sinks.key_index import spilled_bytes_total
 from viewgate.bench.load import proc_kb
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
-
-
-def _mallinfo() -> _MallInfo2 | None:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallinfo2 = libc.mallinfo2  # glibc 2.33 and later
-    except (OSError, AttributeError):
-        return None
-    mallinfo2.restype = _MallInfo2
-    return mallinfo2()
 
 
 def sample() -> dict[str, int]:
@@ -50,7 +34,7 @@ def sample() -> dict[str, int]:
         "threads": threading.active_count(),
         "key_index_spilled_kb": spilled_bytes_total() // 1024,
     }
-    info = _mallinfo()
+    info = mallinfo()
     if info is not None:
         out["malloc_in_use_kb"] = (info.uordblks + info.hblkhd) // 1024
         out["malloc_free_kb"] = info.fordblks // 1024
