@@ -58,7 +58,7 @@ from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
 from engine.incremental import Change, Key, TableView, json_value, view_changes
 from engine.lineage import Lineage, lineage
-from engine.malloc import trim_free_memory
+from engine.malloc import FreeMemoryTrim
 from engine.metrics import observe_graph_steps, observe_rows_changed, observe_stream
 from engine.sinks.redis_sink import Before
 from engine.sources import classify_sources, read_kafka, source_columns, value_column
@@ -188,6 +188,7 @@ class GraphBatch:
                                                         self.tables[v.name], schemas[v.name])]
                            if step is not None}
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
+        self.trim_free_memory = FreeMemoryTrim()
         self.stream_batches: dict[str, StreamBatch] = {}  # of the last batch, for metrics
         self.generation = graph_generation(generations, catalog)
         # Threads that live as long as the query, started once with deep stacks (above),
@@ -255,7 +256,7 @@ class GraphBatch:
                 IN_FLIGHT.pop(view.name, None)
         self.timings["batch_ms"] = (time.perf_counter() - started) * 1000
         lap = time.perf_counter()
-        if trim_free_memory():  # after a batch far larger than the usual (engine.malloc)
+        if self.trim_free_memory():  # what a batch far larger than the usual left (malloc)
             self.timings["trim_ms"] = (time.perf_counter() - lap) * 1000
         observe_graph_steps(self.timings)
         if log.isEnabledFor(logging.DEBUG):

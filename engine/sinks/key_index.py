@@ -4,7 +4,7 @@ A MERGE with deletion vectors must name the row positions of the keys it replace
 deletes. Reading the key column of every file per batch would cost the table's size again,
 so each file's keys are read once (when the writer first sees the file; files never change)
 and kept sorted, the key's bytes and 8 more a row (KeyIndex: a batch's lookup is a binary
-search in one sorted run for most files and one per file added since).
+search in each of a few sorted runs, and one per file added since the last fold).
 
 Those runs grow with the table, so they are not kept in the driver's memory: each lives in
 an unnamed file of its own (`spill_dir`, the system's temporary folder by default; the file

@@ -5,6 +5,7 @@ import os
 import platform
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -90,3 +91,15 @@ def test_free_memory_above_the_bar_goes_back_to_the_system():
     small, trimmed, given_back_kb = done.stdout.split()
     assert (small, trimmed) == ("False", "True")
     assert int(given_back_kb) > 100 * 1024
+
+
+def test_the_engine_looks_at_free_memory_at_most_every_interval(monkeypatch):
+    from engine import malloc
+
+    looked: list[int] = []
+    monkeypatch.setattr(malloc, "trim_free_memory", lambda above: looked.append(above))
+    clock = iter([100.0, 110.0, 130.5])
+    monkeypatch.setattr(malloc, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    trim = malloc.FreeMemoryTrim(every_s=30, above_bytes=7)
+    assert [trim(), trim(), trim()] == [True, False, True]  # at 100 s, not 110, at 130.5
+    assert looked == [7, 7]
