@@ -435,6 +435,12 @@ def save_soak_plot(report: dict[str, Any], path: Path) -> Path:
         engine.plot([t for t, _ in live], [b / 100 for _, b in live],
                     label="latest version's data bytes per row / 100")
     engine.set_xlabel("seconds into the soak")
+    calm = report.get("settled")
+    if calm is not None:  # the two windows the `settled` block compares
+        end = report["minutes"] * 60
+        for axis in (memory, engine):
+            for begin in (calm["from_s"], end - calm["window_s"]):
+                axis.axvspan(begin, begin + calm["window_s"], color="grey", alpha=0.12)
     engine.grid(True, alpha=0.3)
     engine.legend()
     fig.suptitle(f"Soak: {report['rate']:,.0f} requests/s "
