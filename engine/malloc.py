@@ -3,7 +3,7 @@
 A batch far larger than the usual (a stall, or the backlog after a restart) takes memory
 from glibc's arenas in blocks below the mmap threshold (viewgate/__init__.py). Once freed,
 those stay in the arenas between blocks still in use, and glibc only gives back the free
-memory at an arena's top. In the engine's hour on 2026-11-27 one 8-second batch at minute
+memory at an arena's top. In the engine's hour on 2026-11-27 one 7.4-second batch at minute
 15 left 100-160 MiB free in the arenas for the remaining 45 minutes (the driver's RSS +47%
 by the soak's rule, with malloc's memory in use flat). `malloc_trim(0)` returns every free
 page of every arena; it runs only when the free memory passes `TRIM_ABOVE_BYTES`. Reading
