@@ -44,6 +44,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Ope
 from strawberry.types.execution import PreExecutionError
 from strawberry.types.graphql import OperationType
 
+from gateway.subscriptions.compiled_payloads import compile_payload
 from gateway.subscriptions.shared_results import RESULTS, share_key
 from gateway.subscriptions.sources import LiveSource
 
@@ -118,7 +119,7 @@ class Plan:
     message. Its executor is the first subscription's, with a context of its own that holds
     what results may depend on (the role and its row rules), not the connection."""
 
-    __slots__ = ("executor", "key", "schema", "users")
+    __slots__ = ("compiled", "executor", "key", "schema", "users")
 
     def __init__(self, schema: Any, executor: Executor, key: tuple | None) -> None:
         self.schema = schema
@@ -130,6 +131,8 @@ class Plan:
                 name: None for name in CONNECTION_FIELDS if name in names})
         self.key = key
         self.users = 0
+        # Plain selections skip the executor (gateway.subscriptions.compiled_payloads).
+        self.compiled = compile_payload(self.executor)
 
     def payload(self, message: Any) -> str | Awaitable[str]:
         """The JSON text of the `next` payload of `message`; an awaitable when some
@@ -140,12 +143,13 @@ class Plan:
             kept = results.get(slot)
             if kept is not None:
                 return kept
-        result = self.executor.build_per_event_executor(message).execute_operation(False)
-        payload: Any
-        if inspect.isawaitable(result):
-            payload = asyncio.ensure_future(self._encode_later(result))
-        else:
-            payload = self._encode(result)
+        payload: Any = self.compiled(message) if self.compiled is not None else None
+        if payload is None:
+            result = self.executor.build_per_event_executor(message).execute_operation(False)
+            if inspect.isawaitable(result):
+                payload = asyncio.ensure_future(self._encode_later(result))
+            else:
+                payload = self._encode(result)
         if results is not None:
             results[slot] = payload
         return payload
