@@ -167,10 +167,44 @@ class ViewTypes:
     order_by: type
     connection: type
     edge: type
+    lazy: type | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lazy = lazy_row_type(self.object, self.fields)
 
     def to_object(self, row: dict[str, Any]) -> Any:
+        """The view's object of a stored row. Its columns are converted as they are read:
+        a change message selecting `op version` reads none, a page selecting two columns
+        of ten reads two."""
+        if self.lazy is not None:
+            return self.lazy(row)
         return self.object(**{name: from_json_value(f.python_type, row.get(name))
                               for name, f in self.fields.items()})
+
+
+def lazy_row_type(object_type: type, fields: dict[str, FieldInfo]) -> type | None:
+    """A subclass of a view's object type (so GraphQL still sees the view's type) whose
+    instances hold the stored row and convert a column when it is first read. None when a
+    column is also a class attribute (a default): reading it would not reach the row."""
+    if any(hasattr(object_type, name) for name in fields):
+        return None
+    python_types = {name: f.python_type for name, f in fields.items()}
+
+    def __init__(self: Any, row: dict[str, Any]) -> None:
+        self.__dict__["_stored_row"] = row
+
+    def __getattr__(self: Any, name: str) -> Any:
+        # Only asked for what the instance does not hold yet.
+        python_type = python_types.get(name)
+        if python_type is None:
+            raise AttributeError(name)
+        value = self.__dict__[name] = from_json_value(python_type,
+                                                      self._stored_row.get(name))
+        return value
+
+    return type(object_type.__name__, (object_type,), {
+        "__init__": __init__, "__getattr__": __getattr__,
+        "__qualname__": object_type.__qualname__, "__module__": object_type.__module__})
 
 
 def _describe_field(view: View, name: str) -> str:

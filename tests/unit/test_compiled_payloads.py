@@ -145,3 +145,23 @@ def test_a_datetime_row_value_is_serialized_by_its_scalar(demo):
     assert orjson.loads(compiled(message))["data"]["orderChanges"]["row"]["ts"] \
         == orjson.loads(general(ex, message))["data"]["orderChanges"]["row"]["ts"]
 
+
+def test_a_rows_columns_are_converted_when_first_read(demo):
+    _, types = demo
+    vt = types["Order"]
+    stored = dict(ORDER)
+    row = vt.to_object(stored)
+    assert isinstance(row, vt.object)  # what GraphQL checks a value of the type against
+    assert "amount" not in vars(row)  # nothing converted yet
+    assert row.ts == dt.datetime(2026, 11, 27, 6, 27, 21, tzinfo=dt.UTC)
+    assert row.customer_tier is None and row.amount == 12.25
+    assert vars(row)["amount"] == 12.25  # kept once read
+    stored["amount"] = 99  # the row is read once per column
+    assert row.amount == 12.25
+    fresh = vt.to_object(ORDER)
+    assert {name: getattr(fresh, name) for name in vt.fields} == {
+        "order_id": "O1", "customer_id": "C1", "product_id": "P1", "amount": 12.25,
+        "status": "placed", "ts": dt.datetime(2026, 11, 27, 6, 27, 21, tzinfo=dt.UTC),
+        "customer_tier": None, "customer_country": "FR"}
+    with pytest.raises(AttributeError):
+        row.not_a_column  # noqa: B018
