@@ -24,12 +24,23 @@ _EQUAL = "org.apache.spark.sql.catalyst.expressions.EqualTo"
 # Plan nodes that only pick and rename columns (a temporary view reads as View and
 # SubqueryAlias over its relation).
 _PROJECTION_NODES = {"Project", "SubqueryAlias", "View"}
+_JOIN_KINDS = {"org.apache.spark.sql.catalyst.plans.Inner$": "inner",
+               "org.apache.spark.sql.catalyst.plans.LeftOuter$": "left"}
 
 
 @dataclass(frozen=True, order=True)
 class Column:
     table: str  # the input's name as the SQL reads it (a view or a source)
     name: str
+
+
+@dataclass(frozen=True)
+class EquiJoin:
+    """An inner or left join of two inputs on one equality of a column of each."""
+
+    kind: str  # "inner" or "left"
+    left: Column  # the left input's column
+    right: Column  # the right input's column
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,9 @@ class Lineage:
     # Only projections of one input's columns (renamed or not), nothing computed, filtered,
     # joined or grouped: its rows are the input's rows, columns picked.
     plain_projection: bool = False
+    # Only projections of two inputs' columns joined on one equality (engine.projected_join),
+    # nothing computed, filtered or grouped.
+    projected_join: EquiJoin | None = None
 
     def source_of(self, output: str) -> Column | None:
         return self.outputs.get(output)
@@ -107,6 +121,8 @@ class _Walk:
         self.grouping: list[int] | None = None
         self.kinds: set[str] = set()  # of every node but the leaves
         self.computed = False  # an output expression that is not a copy of an attribute
+        # Each join: its kind, its condition, and the exprIds of its left side's output.
+        self.joins: list[tuple[str | None, list[dict[str, Any]], set[int]]] = []
 
     def output(self, node: _Node, table: str | None = None) -> list[tuple[str, int]]:
         """The node's output attributes as (name, exprId), recording lineage on the way."""
@@ -124,7 +140,11 @@ class _Walk:
                     self.columns[expr_id] = Column(table, name)
             return attributes
         if kind == "Join":
-            self.pairs += _equalities(node.fields.get("condition") or [])
+            condition = node.fields.get("condition") or []
+            self.pairs += _equalities(condition)
+            join_type = (node.fields.get("joinType") or {}).get("object")
+            self.joins.append((_JOIN_KINDS.get(join_type), condition,
+                               {expr_id for _, expr_id in outputs[0]}))
             return outputs[0] + outputs[1]
         if kind == "Filter":
             self.pairs += _equalities(node.fields.get("condition") or [])
@@ -158,15 +178,35 @@ def lineage_of_plan(plan_json: str) -> Lineage:
         columns[g] for g in walk.grouping if g in columns)
     copies = {name: columns.get(expr_id) for name, expr_id in outputs}
     inputs = tuple(dict.fromkeys(walk.inputs))
+    copied_only = not walk.computed and all(c is not None for c in copies.values())
     return Lineage(
         inputs=inputs,
         outputs=copies,
         equalities=tuple(dict.fromkeys(pairs)),  # type: ignore[arg-type]
         grouped_by=grouped,
-        plain_projection=(len(inputs) == 1 and not walk.computed
-                          and walk.kinds <= _PROJECTION_NODES
-                          and all(c is not None for c in copies.values())),
+        plain_projection=(len(inputs) == 1 and copied_only
+                          and walk.kinds <= _PROJECTION_NODES),
+        projected_join=(_equi_join(walk, columns)
+                        if len(inputs) == 2 and copied_only
+                        and walk.kinds <= _PROJECTION_NODES | {"Join"} else None),
     )
+
+
+def _equi_join(walk: _Walk, columns: Mapping[int, Column]) -> EquiJoin | None:
+    """The plan's one join, if it is inner or left on exactly `left.a = right.b`."""
+    if len(walk.joins) != 1:
+        return None
+    kind, condition, left_side = walk.joins[0]
+    if kind is None or len(condition) != 3 or condition[0]["class"] != _EQUAL:
+        return None
+    pairs = list(_equalities(condition))
+    if len(pairs) != 1 or not all(i in columns for i in pairs[0]):
+        return None
+    a, b = pairs[0]
+    if (a in left_side) == (b in left_side):
+        return None  # both columns of one side: a filter, not a join
+    left, right = (a, b) if a in left_side else (b, a)
+    return EquiJoin(kind, columns[left], columns[right])
 
 
 def lineage(spark: Any, sql: str) -> Lineage:

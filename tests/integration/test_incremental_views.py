@@ -13,8 +13,10 @@ from pyspark.sql.types import StructType
 
 from engine.aggregates import AggregateStep, StateCodec, partial_schema, plan_aggregate
 from engine.analysis import SQL_LOCK
-from engine.incremental import Change, Key, Row, TableView, view_changes
+from engine.incremental import Change, Key, Row, TableView, recompute, view_changes
 from engine.lineage import lineage
+from engine.projected_join import ProjectedJoin
+from schema.storage import encode_row
 
 pytestmark = pytest.mark.integration
 
@@ -118,8 +120,11 @@ def _batch_query(spark, sql: str, tables: Tables, inputs: dict[str, StructType],
     return {tuple(r[k] for k in key): r for r in rows}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_views_over_views_equal_their_batch_query_after_every_batch(spark, seed):
+@pytest.mark.parametrize(("seed", "join_in"), [(1, "spark"), (2, "spark"), (1, "driver"),
+                                               (3, "driver")])
+def test_views_over_views_equal_their_batch_query_after_every_batch(spark, seed, join_in):
+    """`join_in`: Order's join as a Spark query, or evaluated in the driver
+    (engine.projected_join), as the graph runs it."""
     schemas = {t: _schema(spark, ddl) for t, ddl in SCHEMAS.items()}
     order = TableView("Order", ORDER_SQL, ("order_id",),
                       {"OrderRecord": schemas["OrderRecord"], "Customer": schemas["Customer"]})
@@ -128,13 +133,16 @@ def test_views_over_views_equal_their_batch_query_after_every_batch(spark, seed)
         for table, schema in schemas.items():
             spark.createDataFrame([], schema).createOrReplaceTempView(table)
         order_lineage, stats_lineage = lineage(spark, order.sql), lineage(spark, stats.sql)
+    join = ProjectedJoin.plan(order, order_lineage, KEYS)
+    assert join is not None
+    evaluate = join.rows if join_in == "driver" else None
     rng, tables, counter = random.Random(seed), Tables(), [0]
     retracted = 0
     for _ in range(6):
         sources = _batch(rng, tables, counter)
         changed = {t: list(c.values()) for t, c in sources.items() if c}
         order_changes = view_changes(spark, order, order_lineage, changed, tables,
-                                     tables.stored("Order"))
+                                     tables.stored("Order"), evaluate=evaluate)
         tables.apply("Order", order_changes)
         stats_changes = view_changes(spark, stats, stats_lineage,
                                      {"Order": list(order_changes.values())}, tables,
@@ -217,3 +225,42 @@ def test_an_aggregate_kept_from_states_equals_its_batch_query_after_every_batch(
             tables.data["CustomerStats"], want)
     # Most groups were combined from their states; some were recomputed (an extreme left).
     assert kept > recomputed > 0, (kept, recomputed)
+
+
+def test_a_projected_join_answers_what_spark_answers(spark):
+    """Rows in JSON form and with Python values mixed (Redis's and this batch's), a null
+    join value, a customer missing, and the inner join, against the Spark query."""
+    schemas = {t: _schema(spark, ddl) for t, ddl in SCHEMAS.items()}
+    orders = [
+        {"order_id": "O1", "customer_id": "C1", "amount": 10.0, "status": "placed",
+         "ts": "2026-01-01T10:00:00.123456Z"},  # in JSON form, as Redis holds it
+        {"order_id": "O2", "customer_id": "C2", "amount": 3, "status": "paid",
+         "ts": START},  # as the batch computed it; an integral amount
+        {"order_id": "O3", "customer_id": None, "amount": None, "status": None, "ts": None},
+        {"order_id": "O4", "customer_id": "C9", "amount": 1.5, "status": "placed",
+         "ts": "2026-01-02T00:00:00Z"},  # no such customer
+    ]
+    customers = [{"customer_id": "C1", "tier": "gold"}, {"customer_id": "C2", "tier": None}]
+    keys = {(o["order_id"],) for o in orders}
+    gathered = {"OrderRecord": orders, "Customer": customers}
+    for sql in (ORDER_SQL, ORDER_SQL.replace("LEFT JOIN", "JOIN")):
+        view = TableView("Order", sql, ("order_id",), {
+            "OrderRecord": schemas["OrderRecord"], "Customer": schemas["Customer"]})
+        with SQL_LOCK:
+            for table, schema in schemas.items():
+                spark.createDataFrame([], schema).createOrReplaceTempView(table)
+            found = lineage(spark, sql)
+        join = ProjectedJoin.plan(view, found, KEYS)
+        assert join is not None
+        want = recompute(spark.newSession(), view, gathered, keys)
+        got = join.rows(gathered, keys)
+        # As the engine compares and stores them: the same text, columns in the same order.
+        assert {k: encode_row(r) for k, r in got.items()} == \
+            {k: encode_row(r) for k, r in want.items()}
+        assert got == want
+        assert len(got) == (4 if "LEFT" in sql else 2)
+    # A join on a column that is not the right input's key, or a key that is not the left
+    # input's, keeps the Spark query.
+    assert ProjectedJoin.plan(view, found, {**KEYS, "Customer": ("tier",)}) is None
+    other_key = TableView("Order", ORDER_SQL, ("customer_id",), view.inputs)
+    assert ProjectedJoin.plan(other_key, found, KEYS) is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.analysis import SQL_LOCK
-from engine.lineage import Column, lineage
+from engine.lineage import Column, EquiJoin, lineage
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +75,35 @@ def test_a_plain_projection_is_told_apart_from_any_computation(tables):
         "SELECT order_id, 'x' AS tag FROM OrderRecord",
     ):
         assert not lineage(tables, sql).plain_projection, sql
+
+
+def test_a_projected_join_is_told_apart_from_any_other_join(tables):
+    left = lineage(tables, """
+        SELECT o.order_id, o.amount, c.tier AS customer_tier
+        FROM OrderRecord o LEFT JOIN Customer c ON o.customer_id = c.customer_id""")
+    assert left.projected_join == EquiJoin("left", Column("OrderRecord", "customer_id"),
+                                           Column("Customer", "customer_id"))
+    # The sides are the plan's, whichever way the equality is written.
+    inner = lineage(tables, """
+        SELECT c.tier, o.order_id FROM Customer c
+        JOIN OrderRecord o ON o.customer_id = c.customer_id""")
+    assert inner.projected_join == EquiJoin("inner", Column("Customer", "customer_id"),
+                                            Column("OrderRecord", "customer_id"))
+    for sql in (
+        "SELECT o.order_id, c.tier FROM OrderRecord o RIGHT JOIN Customer c "
+        "ON o.customer_id = c.customer_id",
+        "SELECT o.order_id, c.tier FROM OrderRecord o FULL JOIN Customer c "
+        "ON o.customer_id = c.customer_id",
+        "SELECT o.order_id, c.tier FROM OrderRecord o JOIN Customer c "
+        "ON o.customer_id = c.customer_id AND c.tier = 'gold'",
+        "SELECT o.order_id, c.tier FROM OrderRecord o JOIN Customer c "
+        "ON o.customer_id = c.customer_id WHERE o.amount > 1",
+        "SELECT o.order_id, upper(c.tier) AS tier FROM OrderRecord o JOIN Customer c "
+        "ON o.customer_id = c.customer_id",
+        "SELECT o.order_id, c.tier FROM OrderRecord o JOIN Customer c "
+        "ON o.customer_id < c.customer_id",
+        "SELECT c.tier, count(*) AS n FROM OrderRecord o JOIN Customer c "
+        "ON o.customer_id = c.customer_id GROUP BY c.tier",
+        "SELECT order_id FROM OrderRecord",
+    ):
+        assert lineage(tables, sql).projected_join is None, sql
