@@ -15,8 +15,9 @@ left join finds none; dropped when an inner join does). A null never matches, as
 Values come out as Spark's would: each output column copies an input column of a known
 Spark type, converted from the JSON form the rows may be in (Redis holds times as text).
 Only types whose values convert exactly are taken (text, integers, doubles, booleans,
-dates and times); any other type, a join on a column that is not the right input's whole
-key, or a view key that is not the left input's keep the Spark query.
+dates and times; the join columns text or integers); any other type, a join on a column
+that is not the right input's whole key, or a view key that is not the left input's keep
+the Spark query.
 tests/integration/test_incremental_views.py checks both against Spark's batch query.
 """
 
@@ -57,6 +58,10 @@ def _date(value: Any) -> datetime.date:
     return datetime.date.fromisoformat(value) if isinstance(value, str) else value
 
 
+# Join columns compared as Python values compare them, as Spark does (no text form of a
+# time to normalise, no NaN that Spark's join matches and Python's does not).
+_JOINABLE = (StringType, LongType, IntegerType)
+
 # A value as Spark answers it (engine.frames.rows_of: times aware, in UTC), from a row in
 # JSON form or with Python values.
 _CONVERT: dict[type[DataType], Callable[[Any], Any]] = {
@@ -91,6 +96,11 @@ class ProjectedJoin:
         join = lineage.projected_join
         if join is None or tuple(input_keys.get(join.right.table, ())) != (join.right.name,):
             return None
+        for side in (join.left, join.right):
+            schema = view.inputs.get(side.table)
+            if schema is None or side.name not in schema.fieldNames() \
+                    or not isinstance(schema[side.name].dataType, _JOINABLE):
+                return None
         left_key = tuple(input_keys.get(join.left.table, ()))
         traced = [lineage.source_of(k) for k in view.key]
         if not left_key or any(c is None or c.table != join.left.table for c in traced) \

@@ -264,3 +264,8 @@ def test_a_projected_join_answers_what_spark_answers(spark):
     assert ProjectedJoin.plan(view, found, {**KEYS, "Customer": ("tier",)}) is None
     other_key = TableView("Order", ORDER_SQL, ("customer_id",), view.inputs)
     assert ProjectedJoin.plan(other_key, found, KEYS) is None
+    # A join on columns of another type than text or integers, too.
+    by_time = TableView("Order", ORDER_SQL, ("order_id",), {
+        "OrderRecord": schemas["OrderRecord"],
+        "Customer": _schema(spark, "customer_id TIMESTAMP, tier STRING")})
+    assert ProjectedJoin.plan(by_time, found, KEYS) is None

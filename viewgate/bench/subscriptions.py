@@ -10,7 +10,9 @@ Freshness: a producer process writes demo traffic at a steady rate and records e
 event's Kafka offset and create time; one client subscribes to every view's change
 stream (`<view>Changes`) and notes when each version first reached it; a watcher notes
 which Kafka offsets each version covers (the view's meta in Redis). An event reached its
-subscriber when the first version past its offset did.
+subscriber when the first version past its offset did, and Redis when that version
+appeared there; the gateway's CPU over the run, divided by the messages it sent, is its
+cost per message.
 
 Fan-out: client processes open `fanout_connections` websockets holding `fanout` live
 subscriptions of one customer in all; once every one has its current value, the customer
