@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -104,15 +106,34 @@ class FeedHistory:
 
     async def replay(self, view: str, topic: str, start: int,
                      end: int) -> AsyncIterator[list[FeedEvent]]:
-        """The events [start, end) in chunks, read in a worker thread chunk by chunk."""
-        consumer = await asyncio.to_thread(self._consumer)
-        chunks = self._chunks(consumer, topic, view, start, end)
+        """The events [start, end) in chunks, read chunk by chunk on a worker thread of the
+        replay's own. Its consumer is opened, read and closed on that thread, in order: a
+        replay ended while a read is in flight (its subscription completed, its client
+        gone) closes the consumer after that read, never beside it. Closing a
+        confluent-kafka consumer while another thread is in its `consume` crashed the
+        gateway (a segmentation fault, seen in tests/integration/test_every_field.py)."""
+        loop = asyncio.get_running_loop()
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="viewgate-replay")
+        reading: dict[str, Any] = {}
+
+        def read() -> list[FeedEvent] | None:
+            if "chunks" not in reading:
+                reading["consumer"] = consumer = self._consumer()
+                reading["chunks"] = self._chunks(consumer, topic, view, start, end)
+            return next(reading["chunks"], None)
+
+        def close() -> None:
+            if "chunks" in reading:
+                reading["chunks"].close()
+                reading["consumer"].close()
+
         try:
             while True:
-                chunk = await asyncio.to_thread(next, chunks, None)
+                chunk = await loop.run_in_executor(worker, read)
                 if chunk is None:
                     return
                 yield chunk
         finally:
-            chunks.close()
-            await asyncio.to_thread(consumer.close)
+            closed = loop.run_in_executor(worker, close)  # queued after a read in flight
+            worker.shutdown(wait=False)
+            await closed

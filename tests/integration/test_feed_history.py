@@ -69,3 +69,62 @@ def test_a_short_replay_is_not_slower_than_a_long_one(settings, feed_topic):
     # Generous: before the fix every resume near the end took about 5 s (each bisection
     # step waited on the broker's 500 ms fetch wait), after it well under one.
     assert timings[3] < 3.0 and timings[1] < 3.0, timings
+
+
+class _WatchedConsumer:
+    """A real consumer that notes whether it was closed while a `consume` was running."""
+
+    def __init__(self, consumer) -> None:
+        self.consumer = consumer
+        self.reading = False
+        self.closed_while_reading: bool | None = None
+
+    def assign(self, partitions) -> None:
+        self.consumer.assign(partitions)
+
+    def consume(self, n: int, timeout: float):
+        self.reading = True
+        try:
+            return self.consumer.consume(n, timeout=timeout)
+        finally:
+            self.reading = False
+
+    def close(self) -> None:
+        self.closed_while_reading = self.reading
+        self.consumer.close()
+
+
+class _WatchedHistory(FeedHistory):
+    def _consumer(self):
+        self.watched = _WatchedConsumer(super()._consumer())
+        return self.watched
+
+
+def test_a_replay_ended_mid_read_closes_its_consumer_after_the_read(settings, feed_topic):
+    """A subscription that completes while its replay waits on Kafka (here: a range past
+    the topic's end, so the next read waits) ends cleanly, and the consumer is closed only
+    once that read returned. Closed beside it, confluent-kafka crashed the gateway."""
+    history = _WatchedHistory(settings.kafka_bootstrap)
+    total = VERSIONS * EVENTS_PER_VERSION
+
+    async def main() -> None:
+        got: list = []
+
+        async def replay() -> None:
+            async for chunk in history.replay("Order", feed_topic, 0, total + 1_000):
+                got.extend(chunk)
+
+        task = asyncio.create_task(replay())
+        deadline = time.monotonic() + 30
+        while len(got) < total or not history.watched.reading:
+            assert time.monotonic() < deadline, f"read {len(got)} of {total} events"
+            await asyncio.sleep(0.01)
+        task.cancel()  # while the worker thread is in `consume`
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while history.watched.closed_while_reading is None:
+            assert time.monotonic() < deadline, "the consumer was never closed"
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert history.watched.closed_while_reading is False
