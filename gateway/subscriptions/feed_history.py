@@ -13,6 +13,7 @@ versions back."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -81,14 +82,16 @@ class FeedHistory:
             chunks.close()
         return None
 
-    def _chunks(self, consumer: Consumer, topic: str, view: str, start: int, end: int):
-        """Events [start, end) in chunks; raises TimeoutError if Kafka stops answering."""
+    def _chunks(self, consumer: Consumer, topic: str, view: str, start: int, end: int,
+                stop: threading.Event | None = None):
+        """Events [start, end) in chunks, until `stop` is set; raises TimeoutError if Kafka
+        stops answering."""
         if start >= end:
             return
         consumer.assign([TopicPartition(topic, 0, start)])
         position = start
         deadline = time.monotonic() + READ_TIMEOUT_S
-        while position < end:
+        while position < end and not (stop is not None and stop.is_set()):
             messages = consumer.consume(min(CHUNK_EVENTS, end - position), timeout=0.5)
             chunk = []
             for message in messages:
@@ -114,12 +117,13 @@ class FeedHistory:
         gateway (a segmentation fault, seen in tests/integration/test_every_field.py)."""
         loop = asyncio.get_running_loop()
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="viewgate-replay")
+        stop = threading.Event()  # ends a read in flight at its next poll (0.5 s at most)
         reading: dict[str, Any] = {}
 
         def read() -> list[FeedEvent] | None:
             if "chunks" not in reading:
                 reading["consumer"] = consumer = self._consumer()
-                reading["chunks"] = self._chunks(consumer, topic, view, start, end)
+                reading["chunks"] = self._chunks(consumer, topic, view, start, end, stop)
             return next(reading["chunks"], None)
 
         def close() -> None:
@@ -134,6 +138,7 @@ class FeedHistory:
                     return
                 yield chunk
         finally:
+            stop.set()
             closed = loop.run_in_executor(worker, close)  # queued after a read in flight
             worker.shutdown(wait=False)
             await closed

@@ -5,6 +5,7 @@ Kafka topic: where the changes after a version begin, and a replay of them. A sh
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 
@@ -71,11 +72,16 @@ def test_a_short_replay_is_not_slower_than_a_long_one(settings, feed_topic):
     assert timings[3] < 3.0 and timings[1] < 3.0, timings
 
 
-class _WatchedConsumer:
-    """A real consumer that notes whether it was closed while a `consume` was running."""
 
-    def __init__(self, consumer) -> None:
+class _WatchedConsumer:
+    """A real consumer that notes whether it was closed while a `consume` was running, and
+    says when it starts reading past `total` messages (a read that must wait)."""
+
+    def __init__(self, consumer, total: int, waiting: threading.Event,
+                 closed: threading.Event) -> None:
         self.consumer = consumer
+        self.total, self.returned = total, 0
+        self.waiting, self.closed = waiting, closed
         self.reading = False
         self.closed_while_reading: bool | None = None
 
@@ -84,19 +90,31 @@ class _WatchedConsumer:
 
     def consume(self, n: int, timeout: float):
         self.reading = True
+        if self.returned >= self.total:
+            self.waiting.set()
         try:
-            return self.consumer.consume(n, timeout=timeout)
+            messages = self.consumer.consume(n, timeout=timeout)
+            self.returned += len(messages)
+            return messages
         finally:
             self.reading = False
 
     def close(self) -> None:
         self.closed_while_reading = self.reading
         self.consumer.close()
+        self.closed.set()
 
 
 class _WatchedHistory(FeedHistory):
+    def __init__(self, bootstrap: str, total: int) -> None:
+        super().__init__(bootstrap)
+        self.total = total
+        self.waiting, self.closed = threading.Event(), threading.Event()
+        self.watched: _WatchedConsumer | None = None
+
     def _consumer(self):
-        self.watched = _WatchedConsumer(super()._consumer())
+        self.watched = _WatchedConsumer(super()._consumer(), self.total, self.waiting,
+                                        self.closed)
         return self.watched
 
 
@@ -104,10 +122,10 @@ def test_a_replay_ended_mid_read_closes_its_consumer_after_the_read(settings, fe
     """A subscription that completes while its replay waits on Kafka (here: a range past
     the topic's end, so the next read waits) ends cleanly, and the consumer is closed only
     once that read returned. Closed beside it, confluent-kafka crashed the gateway."""
-    history = _WatchedHistory(settings.kafka_bootstrap)
     total = VERSIONS * EVENTS_PER_VERSION
+    history = _WatchedHistory(settings.kafka_bootstrap, total)
 
-    async def main() -> None:
+    async def main() -> int:
         got: list = []
 
         async def replay() -> None:
@@ -115,16 +133,12 @@ def test_a_replay_ended_mid_read_closes_its_consumer_after_the_read(settings, fe
                 got.extend(chunk)
 
         task = asyncio.create_task(replay())
-        deadline = time.monotonic() + 30
-        while len(got) < total or not history.watched.reading:
-            assert time.monotonic() < deadline, f"read {len(got)} of {total} events"
-            await asyncio.sleep(0.01)
-        task.cancel()  # while the worker thread is in `consume`
+        assert await asyncio.to_thread(history.waiting.wait, 30), "no read past the end"
+        task.cancel()  # while the worker thread is in `consume`, waiting for more
         with pytest.raises(asyncio.CancelledError):
             await task
-        while history.watched.closed_while_reading is None:
-            assert time.monotonic() < deadline, "the consumer was never closed"
-            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(history.closed.wait, 30), "never closed"
+        return len(got)
 
-    asyncio.run(main())
-    assert history.watched.closed_while_reading is False
+    assert asyncio.run(main()) == total
+    assert history.watched is not None and history.watched.closed_while_reading is False
