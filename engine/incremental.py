@@ -49,7 +49,7 @@ def json_value(value: Any) -> Any:
     return value if isinstance(value, _PLAIN) else json_form({"v": value})["v"]
 
 
-def _key(row: Mapping[str, Any], columns: Sequence[str]) -> Key:
+def row_key(row: Mapping[str, Any], columns: Sequence[str]) -> Key:
     """The row's key in JSON form."""
     return tuple(json_value(row[c]) for c in columns)
 
@@ -79,9 +79,9 @@ def affected_keys(view: TableView, lineage: Lineage, changes: Mapping[str, Seque
         plan = plan_affected(view.name, view.key, lineage, table)
         if isinstance(plan, KeysByLookup):
             found = current.rows_where(plan.table, plan.match, plan.values(rows))
-            keys |= {_key(r, plan.key_columns) for r in found}
+            keys |= {row_key(r, plan.key_columns) for r in found}
         else:
-            keys |= {_key(r, plan.columns) for r in rows if r is not None}
+            keys |= {row_key(r, plan.columns) for r in rows if r is not None}
     return keys
 
 
@@ -132,7 +132,7 @@ def _gather(view: TableView, lineage: Lineage, keys: set[Key],
     for read in gather_plan(view.name, view.key, lineage, list(view.inputs)):
         if read.via_table is None:
             candidates = current.rows_where(read.table, read.column, {k[0] for k in keys})
-            gathered[read.table] = [r for r in candidates if _key(r, names) in keys]
+            gathered[read.table] = [r for r in candidates if row_key(r, names) in keys]
         else:
             values = {r[read.via] for r in gathered[read.via_table]} - {None}
             gathered[read.table] = current.rows_where(read.table, read.column, values)
@@ -149,7 +149,7 @@ def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[
     rows = rows_of(spark.sql(view.sql), sum(map(len, gathered.values())))
     out = {}
     for row in rows:
-        key = _key(row, view.key)
+        key = row_key(row, view.key)
         if key in keys:
             out[key] = row
     return out
@@ -178,7 +178,7 @@ def view_changes(spark: SparkSession, view: TableView, lineage: Lineage,
                  timings: dict[str, float] | None = None,
                  evaluate: Evaluate | None = None) -> dict[Key, Change]:
     """The view's changes for one batch of its inputs' changes: {key: (previous, new)},
-    only the keys whose row appears, changes or disappears. Keys are in JSON form (`_key`),
+    only the keys whose row appears, changes or disappears. Keys are in JSON form (`row_key`),
     `stored` answers rows in JSON form, new rows are as Spark computed them. `evaluate`
     answers the new rows in Spark's place for a view whose SQL it evaluates exactly
     (engine.projected_join); else step 3 is the Spark query."""

@@ -39,7 +39,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from engine.incremental import Key, Row, TableView, json_value
+from engine.incremental import Key, Row, TableView, json_value, row_key
 from engine.lineage import Lineage
 
 
@@ -139,7 +139,7 @@ class ProjectedJoin:
                 raw = (right if o.right else left)
                 value = raw.get(o.column) if raw is not None else None
                 row[o.name] = None if value is None else o.convert(value)
-            key = tuple(json_value(row[k]) for k in self.key)
+            key = row_key(row, self.key)
             if key in keys:
                 out[key] = row
         return out
