@@ -197,6 +197,10 @@ class GraphBatch:
                            for step in [_aggregate_step(self.sessions[v.name],
                                                         self.tables[v.name], schemas[v.name])]
                            if step is not None}
+        in_driver = sorted([*(n for n, s in self.streams.items() if s.in_driver is not None),
+                            *(n for n, s in self.aggregates.items() if s.evaluated_in_driver)])
+        if in_driver:
+            log.info("aggregated in the driver, without a Spark query: %s", ", ".join(in_driver))
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
         self.trim_free_memory = FreeMemoryTrim()
         self.stream_batches: dict[str, StreamBatch] = {}  # of the last batch, for metrics

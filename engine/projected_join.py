@@ -23,51 +23,19 @@ tests/integration/test_incremental_views.py checks both against Spark's batch qu
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.types import (
-    BooleanType,
-    DataType,
-    DateType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    TimestampType,
-)
+from pyspark.sql.types import IntegerType, LongType, StringType
 
+from engine.driver_sql import SPARK_VALUE
 from engine.incremental import Key, Row, TableView, json_value, row_key
 from engine.lineage import Lineage
-
-
-def _time(value: Any) -> datetime.datetime:
-    parsed = datetime.datetime.fromisoformat(value) if isinstance(value, str) else value
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=datetime.UTC)
-    return parsed.astimezone(datetime.UTC)
-
-
-def _boolean(value: Any) -> bool:
-    return value == "true" if isinstance(value, str) else bool(value)
-
-
-def _date(value: Any) -> datetime.date:
-    return datetime.date.fromisoformat(value) if isinstance(value, str) else value
-
 
 # Join columns compared as Python values compare them, as Spark does (no text form of a
 # time to normalise, no NaN that Spark's join matches and Python's does not).
 _JOINABLE = (StringType, LongType, IntegerType)
-
-# A value as Spark answers it (engine.frames.rows_of: times aware, in UTC), from a row in
-# JSON form or with Python values.
-_CONVERT: dict[type[DataType], Callable[[Any], Any]] = {
-    StringType: str, LongType: int, IntegerType: int, DoubleType: float, BooleanType: _boolean,
-    TimestampType: _time, DateType: _date,
-}
 
 
 @dataclass(frozen=True)
@@ -112,7 +80,7 @@ class ProjectedJoin:
             schema = view.inputs.get(source.table)
             if schema is None or source.name not in schema.fieldNames():
                 return None
-            convert = _CONVERT.get(type(schema[source.name].dataType))
+            convert = SPARK_VALUE.get(type(schema[source.name].dataType))
             if convert is None:
                 return None
             outputs.append(_Output(name, source.table == join.right.table, source.name,

@@ -178,8 +178,11 @@ def _close_rows(got: dict[Key, Row], want: dict[Key, Row]) -> bool:
         for k in got)
 
 
-@pytest.mark.parametrize("seed", [3, 4, 5])
-def test_an_aggregate_kept_from_states_equals_its_batch_query_after_every_batch(spark, seed):
+@pytest.mark.parametrize(("seed", "in_driver"), [(3, True), (4, True), (5, False)])
+def test_an_aggregate_kept_from_states_equals_its_batch_query_after_every_batch(
+        spark, seed, in_driver):
+    """With its partial and final queries evaluated in the driver (engine.driver_sql) and
+    as Spark queries."""
     schemas = {t: _schema(spark, ddl) for t, ddl in SCHEMAS.items()}
     order = TableView("Order", ORDER_SQL, ("order_id",),
                       {"OrderRecord": schemas["OrderRecord"], "Customer": schemas["Customer"]})
@@ -192,7 +195,8 @@ def test_an_aggregate_kept_from_states_equals_its_batch_query_after_every_batch(
         view_schema = spark.sql(SPLIT_SQL).schema
         step = AggregateStep(plan, StateCodec(plan, partial_schema(spark, plan,
                                                                    schemas["Order"])),
-                             schemas["Order"])
+                             schemas["Order"], in_driver=in_driver)
+        assert step.evaluated_in_driver is in_driver
         assert [(f.name, f.dataType) for f in step.final_schema(spark).fields] == [
             (f.name, f.dataType) for f in view_schema.fields]
     rng, tables, counter = random.Random(seed), Tables(), [0]
