@@ -75,6 +75,7 @@ class Fanout:
         self.stats = FanoutStats()
         self.repeats = RepeatFilter()
         self._watch: asyncio.Task | None = None
+        self._stopping = False
 
     async def start(self) -> None:
         """Returns once the feed topics are assigned at their end: every change committed
@@ -85,6 +86,7 @@ class Fanout:
         self._watch = asyncio.get_running_loop().create_task(self._watch_generations())
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -123,9 +125,14 @@ class Fanout:
             live.generation_changed()
 
     async def _watch_generations(self) -> None:
-        while True:
+        # The flag, not only the cancellation, ends the loop: a client library that turns
+        # a cancellation into an error of its own (caught below) would leave it running,
+        # and stop() waiting for it forever.
+        while not self._stopping:
             await asyncio.sleep(GENERATION_CHECK_S)
             for view in self.catalog.views:
+                if self._stopping:
+                    return
                 try:
                     await self._refresh(view)
                 except Exception:  # a background check: try again next time

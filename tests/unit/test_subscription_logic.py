@@ -268,3 +268,33 @@ def test_the_connection_init_payload_reaches_resolvers():
         ws.send_json({"id": "1", "type": "subscribe",
                       "payload": {"query": "subscription { token }"}})
         assert ws.receive_json()["payload"] == {"data": {"token": "secret"}}
+
+
+@pytest.mark.timeout(30)  # the failure this guards against is a hang
+def test_the_fanout_stops_when_a_generation_read_turns_its_cancellation_into_an_error(
+        monkeypatch):
+    """A client library may catch the cancellation of a call in flight and raise an error of
+    its own, which the generation watch logs and goes on from: stop() must end all the
+    same (a gateway's shutdown once waited for it forever)."""
+    import gateway.subscriptions.fanout as fanout_module
+
+    monkeypatch.setattr(fanout_module, "GENERATION_CHECK_S", 0)
+    settings = Settings()
+    fanout = Fanout(CATALOG, settings, Reads(CATALOG, settings))
+
+    async def scenario() -> None:
+        reading = asyncio.Event()
+
+        async def refresh(_view: str) -> None:
+            reading.set()
+            try:
+                await asyncio.Event().wait()  # a read that never answers
+            except asyncio.CancelledError:
+                raise ConnectionError("connection closed by a cancelled command") from None
+
+        fanout._refresh = refresh  # type: ignore[method-assign]
+        fanout._watch = asyncio.get_running_loop().create_task(fanout._watch_generations())
+        await asyncio.wait_for(reading.wait(), 5)
+        await asyncio.wait_for(fanout.stop(), 5)
+        assert fanout._watch.done()
+    asyncio.run(scenario())
