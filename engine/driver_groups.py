@@ -50,6 +50,7 @@ from engine.driver_sql import (
     compile_expression,
     compile_filter,
     double_order,
+    only_table,
     schema_types,
 )
 from schema.catalog import parse_duration_ms
@@ -147,15 +148,15 @@ class GroupedQuery:
         types = schema_types(source)
         outer = sqlglot.parse_one(sql, read="spark")
         inner, picks = outer, None
-        source_node = _from(outer)
-        if isinstance(source_node, exp.Subquery):
-            inner, picks = source_node.this, outer
+        subquery = _from(outer)
+        if isinstance(subquery, exp.Subquery):
+            inner, picks = subquery.this, outer
             if outer.args.get("where") or outer.args.get("group") or _more_than_select(outer):
                 raise OutsideSubset("the outer SELECT does more than pick columns")
-            source_node = _from(inner)
-        if not isinstance(inner, exp.Select) or not isinstance(source_node, exp.Table) \
-                or _more_than_select(inner) or inner.args.get("group") is None:
+        if not isinstance(inner, exp.Select) or _more_than_select(inner) \
+                or inner.args.get("group") is None:
             raise OutsideSubset("not one grouped aggregate of one source")
+        only_table(inner)
         group_nodes = inner.args["group"].expressions
         self.groups: list[Expr | _Window] = []
         group_types: dict[str, DataType] = {}

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sqlglot
 from pyspark.sql.types import (
     BooleanType,
     DataType,
@@ -99,7 +100,7 @@ class Typed:
     type: DataType
 
 
-def column_type(types: Mapping[str, DataType], name: str) -> DataType:
+def _column_type(types: Mapping[str, DataType], name: str) -> DataType:
     found = types.get(name)
     if found is None:
         raise OutsideSubset(f"no column {name}")
@@ -118,7 +119,7 @@ def compile_expression(node: exp.Expression, types: Mapping[str, DataType]) -> T
 
 def _column(node: exp.Column, types: Mapping[str, DataType]) -> Typed:
     name = node.name
-    kind = column_type(types, name)
+    kind = _column_type(types, name)
     convert = SPARK_VALUE[type(kind)]
 
     def value(row: Row) -> Any:
@@ -327,6 +328,19 @@ def compile_filter(node: exp.Expression | None, types: Mapping[str, DataType]
     return lambda row: condition(row) is True
 
 
+def only_table(select: exp.Select) -> exp.Table:
+    """The one table `select` reads; its columns may be qualified by its name or alias
+    only (`w.start` of a struct column is not a column of the table: refused)."""
+    source = select.args.get("from_") or select.args.get("from")
+    if source is None or not isinstance(source.this, exp.Table):
+        raise OutsideSubset("not a SELECT of one table")
+    name = source.this.alias_or_name
+    for column in select.find_all(exp.Column):
+        if column.table and column.table != name or column.args.get("db"):
+            raise OutsideSubset(f"{column.sql('spark')} is not a column of the table")
+    return source.this
+
+
 def schema_types(schema: StructType) -> dict[str, DataType]:
     return {f.name: f.dataType for f in schema.fields}
 
@@ -337,26 +351,24 @@ class Projection:
 
     columns: tuple[tuple[str, Expr], ...]  # output name -> its expression
     where: Callable[[Row], bool]
-    types: tuple[DataType, ...]  # of each output column
 
     @classmethod
     def compile(cls, sql: str, types: Mapping[str, DataType]) -> Projection:
-        import sqlglot  # the engine's SQL is parsed once per view, when the graph starts
-
         tree = sqlglot.parse_one(sql, read="spark")
         if not isinstance(tree, exp.Select) or any(tree.args.get(a) for a in (
-                "joins", "group", "having", "distinct", "order", "limit", "with", "windows")):
+                "joins", "group", "having", "distinct", "order", "limit", "offset", "with",
+                "windows", "qualify", "laterals", "pivots")):
             raise OutsideSubset("not a projection of one table")
+        only_table(tree)
         columns = []
         for projection in tree.expressions:
             name = projection.alias_or_name
             if not name or isinstance(projection, exp.Star):
                 raise OutsideSubset(f"the column {projection.sql('spark')} has no name")
-            columns.append((name, compile_expression(projection.unalias(), types)))
+            columns.append((name, compile_expression(projection.unalias(), types).fn))
         where = tree.args.get("where")
-        return cls(tuple((n, t.fn) for n, t in columns),
-                   compile_filter(where.this if where is not None else None, types),
-                   tuple(t.type for _, t in columns))
+        return cls(tuple(columns),
+                   compile_filter(where.this if where is not None else None, types))
 
     def rows(self, rows: Sequence[Row]) -> list[dict[str, Any]]:
         return [{name: fn(row) for name, fn in self.columns} for row in rows if self.where(row)]

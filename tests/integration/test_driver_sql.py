@@ -41,6 +41,7 @@ PROJECTIONS = [
     "SELECT d / i AS q, l / 2 AS h FROM t WHERE i <> 0",
     "SELECT IF(i = 0, NULL, d / i) AS q, IF(b, s, NULL) AS r FROM t",
     "SELECT s AS renamed, t AS at FROM t WHERE s >= 'b'",
+    "SELECT x.s, x.i FROM t AS x WHERE x.i > 0",
 ]
 
 REFUSED = [
@@ -53,6 +54,8 @@ REFUSED = [
     "SELECT s FROM t WHERE t > '2026-01-01'",
     "SELECT s, count(*) AS n FROM t GROUP BY s",
     "SELECT * FROM t",
+    "SELECT s FROM t WHERE w.start IS NULL",  # a field of a struct, not a column
+    "SELECT s FROM (SELECT s FROM t)",
 ]
 
 
