@@ -50,6 +50,8 @@ from engine.driver_sql import (
     compile_expression,
     compile_filter,
     double_order,
+    from_of,
+    has_clauses,
     only_table,
     schema_types,
 )
@@ -148,12 +150,12 @@ class GroupedQuery:
         types = schema_types(source)
         outer = sqlglot.parse_one(sql, read="spark")
         inner, picks = outer, None
-        subquery = _from(outer)
+        subquery = from_of(outer)
         if isinstance(subquery, exp.Subquery):
             inner, picks = subquery.this, outer
-            if outer.args.get("where") or outer.args.get("group") or _more_than_select(outer):
+            if has_clauses(outer, "where", "group"):
                 raise OutsideSubset("the outer SELECT does more than pick columns")
-        if not isinstance(inner, exp.Select) or _more_than_select(inner) \
+        if not isinstance(inner, exp.Select) or has_clauses(inner) \
                 or inner.args.get("group") is None:
             raise OutsideSubset("not one grouped aggregate of one source")
         only_table(inner)
@@ -251,17 +253,6 @@ class GroupedQuery:
             else:
                 out.append({name: pick(inner) for name, pick in self.picks})
         return out
-
-
-def _from(select: exp.Expression) -> exp.Expression | None:
-    source = select.args.get("from_") or select.args.get("from")
-    return None if source is None else source.this
-
-
-def _more_than_select(select: exp.Expression) -> bool:
-    return any(select.args.get(a) for a in ("joins", "with", "order", "limit", "offset",
-                                             "qualify", "windows", "laterals", "pivots",
-                                             "having", "distinct"))
 
 
 def grouped_query(sql: str, source: StructType) -> GroupedQuery | None:

@@ -328,17 +328,33 @@ def compile_filter(node: exp.Expression | None, types: Mapping[str, DataType]
     return lambda row: condition(row) is True
 
 
+# Clauses a SELECT evaluated here may not have (a grouped one may have GROUP BY).
+_CLAUSES = ("joins", "with", "order", "limit", "offset", "qualify", "windows", "laterals",
+            "pivots", "having", "distinct")
+
+
+def has_clauses(select: exp.Expression, *also: str) -> bool:
+    """Whether `select` has a clause beyond SELECT, FROM, WHERE and GROUP BY (or `also`)."""
+    return any(select.args.get(a) for a in (*_CLAUSES, *also))
+
+
+def from_of(select: exp.Expression) -> exp.Expression | None:
+    """What `select` reads: a table, a subquery, or None."""
+    source = select.args.get("from_") or select.args.get("from")
+    return None if source is None else source.this
+
+
 def only_table(select: exp.Select) -> exp.Table:
     """The one table `select` reads; its columns may be qualified by its name or alias
     only (`w.start` of a struct column is not a column of the table: refused)."""
-    source = select.args.get("from_") or select.args.get("from")
-    if source is None or not isinstance(source.this, exp.Table):
+    table = from_of(select)
+    if not isinstance(table, exp.Table):
         raise OutsideSubset("not a SELECT of one table")
-    name = source.this.alias_or_name
+    name = table.alias_or_name
     for column in select.find_all(exp.Column):
         if column.table and column.table != name or column.args.get("db"):
             raise OutsideSubset(f"{column.sql('spark')} is not a column of the table")
-    return source.this
+    return table
 
 
 def schema_types(schema: StructType) -> dict[str, DataType]:
@@ -355,9 +371,7 @@ class Projection:
     @classmethod
     def compile(cls, sql: str, types: Mapping[str, DataType]) -> Projection:
         tree = sqlglot.parse_one(sql, read="spark")
-        if not isinstance(tree, exp.Select) or any(tree.args.get(a) for a in (
-                "joins", "group", "having", "distinct", "order", "limit", "offset", "with",
-                "windows", "qualify", "laterals", "pivots")):
+        if not isinstance(tree, exp.Select) or has_clauses(tree, "group"):
             raise OutsideSubset("not a projection of one table")
         only_table(tree)
         columns = []
