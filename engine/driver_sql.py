@@ -7,7 +7,9 @@ relation built, the query analysed and planned, a job when it groups: docs/engin
 "Freshness"), and the demo's `ProductSales` and `CustomerStats` each ran such queries on
 the path of every batch. Their SQL is plain: a WHERE of comparisons, columns, casts to a
 number, `count`, `sum`, `min`, `max`, a tumbling `window`. This module compiles that
-subset to Python functions that answer what Spark answers (ANSI mode, Spark's default):
+subset to Python functions that answer what Spark answers (ANSI mode, Spark's default),
+for aggregates' steps (engine.aggregates), stream aggregates (engine.driver_groups) and
+table views that pick and filter one input's columns (engine.incremental):
 - three-valued logic: a comparison with a null is null, `AND`, `OR` and `NOT` as SQL has
   them, a WHERE keeps the rows that are true;
 - values as Spark's rows carry them (engine.frames.rows_of): times aware in UTC, doubles
@@ -367,13 +369,14 @@ class Projection:
 
     columns: tuple[tuple[str, Expr], ...]  # output name -> its expression
     where: Callable[[Row], bool]
+    table: str  # the table it reads
 
     @classmethod
     def compile(cls, sql: str, types: Mapping[str, DataType]) -> Projection:
         tree = sqlglot.parse_one(sql, read="spark")
         if not isinstance(tree, exp.Select) or has_clauses(tree, "group"):
             raise OutsideSubset("not a projection of one table")
-        only_table(tree)
+        table = only_table(tree)
         columns = []
         for projection in tree.expressions:
             name = projection.alias_or_name
@@ -382,7 +385,7 @@ class Projection:
             columns.append((name, compile_expression(projection.unalias(), types).fn))
         where = tree.args.get("where")
         return cls(tuple(columns),
-                   compile_filter(where.this if where is not None else None, types))
+                   compile_filter(where.this if where is not None else None, types), table.name)
 
     def rows(self, rows: Sequence[Row]) -> list[dict[str, Any]]:
         return [{name: fn(row) for name, fn in self.columns} for row in rows if self.where(row)]

@@ -56,7 +56,15 @@ from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
 from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
-from engine.incremental import Change, Key, TableView, json_value, view_changes
+from engine.incremental import (
+    Change,
+    Evaluate,
+    Key,
+    TableView,
+    json_value,
+    projected_rows,
+    view_changes,
+)
 from engine.lineage import Lineage, lineage
 from engine.malloc import FreeMemoryTrim
 from engine.metrics import observe_graph_steps, observe_rows_changed, observe_stream
@@ -153,15 +161,19 @@ class GraphBatch:
         self.tables = {v.name: TableView(v.name, v.sql, v.key, {n: schemas[n] for n in v.reads})
                        for v in self.views if v.kind is ViewKind.TABLE}
         self.lineages = {name: _lineage(spark, table) for name, table in self.tables.items()}
-        # Table views that only join two inputs on one's key: a lookup in the driver, no
-        # Spark query (engine.projected_join).
-        self.joins = {name: join for name, table in self.tables.items()
-                      for join in [ProjectedJoin.plan(table, self.lineages[name], {
-                          n: catalog.views[n].key for n in table.inputs
-                          if n in catalog.views})]
-                      if join is not None}
-        if self.joins:
-            log.info("joined in the driver, without a Spark query: %s", ", ".join(self.joins))
+        # Table views whose SQL the driver answers, with no Spark query: a join of two
+        # inputs on one's key (a lookup: engine.projected_join), or columns of one input
+        # picked, computed and filtered (engine.incremental.projected_rows).
+        self.in_driver: dict[str, Evaluate] = {}
+        for name, table in self.tables.items():
+            join = ProjectedJoin.plan(table, self.lineages[name], {
+                n: catalog.views[n].key for n in table.inputs if n in catalog.views})
+            evaluate = join.rows if join is not None else projected_rows(table)
+            if evaluate is not None:
+                self.in_driver[name] = evaluate
+        if self.in_driver:
+            log.info("evaluated in the driver, without a Spark query: %s",
+                     ", ".join(self.in_driver))
         # Each view its own session (temporary views are per session) and its own reader
         # of current rows, so that the views of one level run at once.
         self.sessions = {v.name: spark.newSession() for v in self.views}
@@ -438,10 +450,9 @@ class GraphBatch:
             self.timings.update({f"{view.name}_{k}": v for k, v in aggregate.timings.items()})
         else:
             steps: dict[str, float] = {}
-            join = self.joins.get(view.name)
             found = view_changes(self.sessions[view.name], self.tables[view.name],
                                  self.lineages[view.name], changes, self.current[view.name],
-                                 stored, steps, join.rows if join is not None else None)
+                                 stored, steps, self.in_driver.get(view.name))
             self.timings.update({f"{view.name}_{step}_ms": ms for step, ms in steps.items()})
         rows = [new for _, new in found.values() if new is not None]
         # Deleted by key, typed as the view's fields (stored rows are in JSON form).

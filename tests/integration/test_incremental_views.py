@@ -13,7 +13,15 @@ from pyspark.sql.types import StructType
 
 from engine.aggregates import AggregateStep, StateCodec, partial_schema, plan_aggregate
 from engine.analysis import SQL_LOCK
-from engine.incremental import Change, Key, Row, TableView, recompute, view_changes
+from engine.incremental import (
+    Change,
+    Key,
+    Row,
+    TableView,
+    projected_rows,
+    recompute,
+    view_changes,
+)
 from engine.lineage import lineage
 from engine.projected_join import ProjectedJoin
 from schema.storage import encode_row
@@ -38,8 +46,14 @@ STATS_SQL = """
     FROM `Order` WHERE status <> 'cancelled' GROUP BY customer_id"""
 # Times as the engine's rows carry them (aware, UTC); Spark's batch query answers naive UTC.
 START = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+# A view that picks, computes and filters columns of one view (engine.incremental's
+# projected_rows evaluates it in the driver): rows enter and leave it as orders change.
+BIG_SQL = """
+    SELECT order_id, customer_id, CAST(amount AS DOUBLE) AS amount, customer_tier,
+           IF(status = 'placed', ts, NULL) AS placed_at
+    FROM `Order` WHERE status <> 'cancelled' AND amount > 100"""
 KEYS = {"OrderRecord": ("order_id",), "Customer": ("customer_id",), "Order": ("order_id",),
-        "CustomerStats": ("customer_id",)}
+        "CustomerStats": ("customer_id",), "BigOrder": ("order_id",)}
 
 
 class Tables:
@@ -133,8 +147,13 @@ def test_views_over_views_equal_their_batch_query_after_every_batch(spark, seed,
         for table, schema in schemas.items():
             spark.createDataFrame([], schema).createOrReplaceTempView(table)
         order_lineage, stats_lineage = lineage(spark, order.sql), lineage(spark, stats.sql)
+    big = TableView("BigOrder", BIG_SQL, ("order_id",), {"Order": schemas["Order"]})
+    with SQL_LOCK:
+        big_lineage = lineage(spark, big.sql)
     join = ProjectedJoin.plan(order, order_lineage, KEYS)
-    assert join is not None
+    picked = projected_rows(big)
+    assert join is not None and picked is not None
+    assert projected_rows(order) is None and projected_rows(stats) is None  # a join, a group
     evaluate = join.rows if join_in == "driver" else None
     rng, tables, counter = random.Random(seed), Tables(), [0]
     retracted = 0
@@ -144,6 +163,9 @@ def test_views_over_views_equal_their_batch_query_after_every_batch(spark, seed,
         order_changes = view_changes(spark, order, order_lineage, changed, tables,
                                      tables.stored("Order"), evaluate=evaluate)
         tables.apply("Order", order_changes)
+        tables.apply("BigOrder", view_changes(
+            spark, big, big_lineage, {"Order": list(order_changes.values())}, tables,
+            tables.stored("BigOrder"), evaluate=picked if join_in == "driver" else None))
         stats_changes = view_changes(spark, stats, stats_lineage,
                                      {"Order": list(order_changes.values())}, tables,
                                      tables.stored("CustomerStats"))
@@ -154,7 +176,10 @@ def test_views_over_views_equal_their_batch_query_after_every_batch(spark, seed,
                                                     order.key)
         assert tables.data["CustomerStats"] == _batch_query(
             spark, STATS_SQL, tables, stats.inputs, stats.key)
+        assert tables.data["BigOrder"] == _batch_query(spark, BIG_SQL, tables, big.inputs,
+                                                       big.key)
     assert tables.data["CustomerStats"], "the sequence never produced a group"
+    assert tables.data["BigOrder"], "no order ever met the WHERE"
 
 
 # The same totals as an aggregate the engine keeps from states (engine.aggregates): only
