@@ -79,7 +79,7 @@ SPARK_VALUE: dict[type[DataType], Callable[[Any], Any]] = {
 _INTEGRAL = (IntegerType, LongType)
 _NUMBER = (IntegerType, LongType, DoubleType)
 _LONG_MIN, _LONG_MAX = -(2 ** 63), 2 ** 63 - 1
-_INT_MIN, _INT_MAX = -(2 ** 31), 2 ** 31 - 1
+_INT_MAX = 2 ** 31 - 1
 
 
 def checked_long(value: int) -> int:
@@ -152,8 +152,7 @@ def _negative(node: exp.Neg, types: Mapping[str, DataType]) -> Typed:
     inner = compile_expression(node.this, types)
     if not isinstance(node.this, exp.Literal) or not isinstance(inner.type, _INTEGRAL):
         raise OutsideSubset(f"{node.sql('spark')}")
-    value = -inner.fn({})
-    return _constant(value, IntegerType() if value >= _INT_MIN else LongType())
+    return _constant(-inner.fn({}), inner.type)
 
 
 def _comparable(left: DataType, right: DataType) -> Callable[[Any], Any] | None:
