@@ -46,8 +46,8 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from engine.driver_sql import OutsideSubset, Projection, schema_types
-from engine.frames import frame_of, rows_of
+from engine.driver_sql import OutsideSubset, Projection, driver_or_spark, schema_types
+from engine.frames import frame_of
 from engine.incremental import Change, Key, Row, changed_rows, json_value
 
 SIDE = "__vg_side"  # which side of a change an input row is: REMOVED or ADDED
@@ -362,8 +362,8 @@ class AggregateStep:
         are counted and their arguments summed and compared here."""
         out: dict[tuple[Key, str], State] = {}
         parts = self.plan.parts
-        for row in self._query(spark, self._rows_in_driver, self.plan.rows_sql, rows,
-                               _with_side(self.input_schema), self.plan.table):
+        for row in driver_or_spark(spark, self._rows_in_driver, self.plan.rows_sql, rows,
+                                   _with_side(self.input_schema), self.plan.table):
             key = (tuple(json_value(row[g]) for g in self.plan.group), row[SIDE])
             state = out.get(key)
             if state is None:
@@ -389,22 +389,9 @@ class AggregateStep:
         group = self.plan.group
         rows = [{**dict(zip(group, k, strict=True)), **s} for k, s in states.items()]
         out = {}
-        for row in self._query(spark, self._final_in_driver, self.plan.final_sql, rows,
-                               self.codec.schema, STATE_VIEW):
+        for row in driver_or_spark(spark, self._final_in_driver, self.plan.final_sql, rows,
+                                   self.codec.schema, STATE_VIEW):
             out[tuple(json_value(row[g]) for g in group)] = row
         return out
-
-    @staticmethod
-    def _query(spark: SparkSession, in_driver: Projection | None, sql: str, rows: list[Row],
-               schema: StructType, table: str) -> list[Row]:
-        """`sql` over `rows`: in the driver if it can, else (or where a value is outside
-        what the driver answers as Spark does) as a Spark query over a local relation."""
-        if in_driver is not None:
-            try:
-                return in_driver.rows(rows)
-            except OutsideSubset:
-                pass
-        frame_of(spark, rows, schema).createOrReplaceTempView(table)
-        return rows_of(spark.sql(sql), len(rows))
 
 

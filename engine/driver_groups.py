@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlglot
 from pyspark.sql.types import (
     DataType,
     DoubleType,
@@ -53,6 +52,7 @@ from engine.driver_sql import (
     from_of,
     has_clauses,
     only_table,
+    parse,
     schema_types,
 )
 from schema.catalog import parse_duration_ms
@@ -148,7 +148,7 @@ class GroupedQuery:
 
     def __init__(self, sql: str, source: StructType) -> None:
         types = schema_types(source)
-        outer = sqlglot.parse_one(sql, read="spark")
+        outer = parse(sql)
         inner, picks = outer, None
         subquery = from_of(outer)
         if isinstance(subquery, exp.Subquery):
@@ -259,5 +259,5 @@ def grouped_query(sql: str, source: StructType) -> GroupedQuery | None:
     """The query compiled, or None if it is not one this module evaluates (it keeps Spark)."""
     try:
         return GroupedQuery(sql, source)
-    except (OutsideSubset, sqlglot.errors.ParseError):
+    except OutsideSubset:
         return None

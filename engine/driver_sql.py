@@ -29,9 +29,10 @@ import datetime
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import sqlglot
+from pyspark.sql import SparkSession
 from pyspark.sql.types import (
     BooleanType,
     DataType,
@@ -45,6 +46,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 from sqlglot import exp
+
+from engine.frames import frame_of, rows_of
 
 Row = Mapping[str, Any]
 Expr = Callable[[Row], Any]
@@ -329,6 +332,36 @@ def compile_filter(node: exp.Expression | None, types: Mapping[str, DataType]
     return lambda row: condition(row) is True
 
 
+def parse(sql: str) -> exp.Expression:
+    """The view's SQL as sqlglot reads it; SQL that Spark takes and sqlglot cannot read
+    (`GROUP BY window(...)` first, `LATERAL VIEW`) is outside the subset, not an error."""
+    try:
+        return sqlglot.parse_one(sql, read="spark")
+    except sqlglot.errors.ParseError as exc:
+        raise OutsideSubset(f"sqlglot cannot read it: {exc}") from exc
+
+
+class InDriver(Protocol):
+    """A query compiled for the driver: a Projection, or engine.driver_groups' query."""
+
+    def rows(self, rows: Sequence[Row]) -> list[dict[str, Any]]: ...
+
+
+def driver_or_spark(session: SparkSession, in_driver: InDriver | None, sql: str,
+                    rows: Sequence[Row], schema: StructType, table: str
+                    ) -> list[dict[str, Any]]:
+    """`sql` over `rows` (registered as `table`): in the driver when `in_driver` is given
+    and answers as Spark would, else as a Spark query over a local relation, which also
+    reports what Spark fails on."""
+    if in_driver is not None:
+        try:
+            return in_driver.rows(rows)
+        except OutsideSubset:
+            pass
+    frame_of(session, rows, schema).createOrReplaceTempView(table)
+    return rows_of(session.sql(sql), len(rows))
+
+
 # Clauses a SELECT evaluated here may not have (a grouped one may have GROUP BY).
 _CLAUSES = ("joins", "with", "order", "limit", "offset", "qualify", "windows", "laterals",
             "pivots", "having", "distinct")
@@ -372,7 +405,7 @@ class Projection:
 
     @classmethod
     def compile(cls, sql: str, types: Mapping[str, DataType]) -> Projection:
-        tree = sqlglot.parse_one(sql, read="spark")
+        tree = parse(sql)
         if not isinstance(tree, exp.Select) or has_clauses(tree, "group"):
             raise OutsideSubset("not a projection of one table")
         table = only_table(tree)

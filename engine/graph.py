@@ -171,9 +171,6 @@ class GraphBatch:
             evaluate = join.rows if join is not None else projected_rows(table)
             if evaluate is not None:
                 self.in_driver[name] = evaluate
-        if self.in_driver:
-            log.info("evaluated in the driver, without a Spark query: %s",
-                     ", ".join(self.in_driver))
         # Each view its own session (temporary views are per session) and its own reader
         # of current rows, so that the views of one level run at once.
         self.sessions = {v.name: spark.newSession() for v in self.views}
@@ -209,10 +206,11 @@ class GraphBatch:
                            for step in [_aggregate_step(self.sessions[v.name],
                                                         self.tables[v.name], schemas[v.name])]
                            if step is not None}
-        in_driver = sorted([*(n for n, s in self.streams.items() if s.in_driver is not None),
+        in_driver = sorted([*self.in_driver,
+                            *(n for n, s in self.streams.items() if s.in_driver is not None),
                             *(n for n, s in self.aggregates.items() if s.evaluated_in_driver)])
         if in_driver:
-            log.info("aggregated in the driver, without a Spark query: %s", ", ".join(in_driver))
+            log.info("evaluated in the driver, without a Spark query: %s", ", ".join(in_driver))
         self.timings: dict[str, float] = {}  # of the last batch, for the debug log
         self.trim_free_memory = FreeMemoryTrim()
         self.stream_batches: dict[str, StreamBatch] = {}  # of the last batch, for metrics

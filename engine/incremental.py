@@ -17,7 +17,7 @@ count(DISTINCT) and max_by stay exact: the affected groups are recomputed.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -147,12 +147,17 @@ def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[
     (`SparkSession.newSession()`), or hold engine.analysis.SQL_LOCK."""
     for table, schema in view.inputs.items():
         frame_of(spark, gathered.get(table, []), schema).createOrReplaceTempView(table)
-    rows = rows_of(spark.sql(view.sql), sum(map(len, gathered.values())))
+    return rows_by_key(rows_of(spark.sql(view.sql), sum(map(len, gathered.values()))),
+                       view.key, keys)
+
+
+def rows_by_key(rows: Iterable[Row], key: Sequence[str], keys: set[Key]) -> dict[Key, Row]:
+    """The rows whose key (in JSON form) is one of `keys`, by it."""
     out = {}
     for row in rows:
-        key = row_key(row, view.key)
-        if key in keys:
-            out[key] = row
+        found = row_key(row, key)
+        if found in keys:
+            out[found] = row
     return out
 
 
@@ -190,12 +195,7 @@ def projected_rows(view: TableView) -> Evaluate | None:
         return None
 
     def evaluate(gathered: Mapping[str, list[Row]], keys: set[Key]) -> dict[Key, Row]:
-        out = {}
-        for row in projection.rows(gathered.get(table, [])):
-            key = row_key(row, view.key)
-            if key in keys:
-                out[key] = row
-        return out
+        return rows_by_key(projection.rows(gathered.get(table, [])), view.key, keys)
     return evaluate
 
 

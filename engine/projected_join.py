@@ -23,14 +23,14 @@ tests/integration/test_incremental_views.py checks both against Spark's batch qu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.types import IntegerType, LongType, StringType
 
 from engine.driver_sql import SPARK_VALUE
-from engine.incremental import Key, Row, TableView, json_value, row_key
+from engine.incremental import Key, Row, TableView, json_value, rows_by_key
 from engine.lineage import Lineage
 
 # Join columns compared as Python values compare them, as Spark does (no text form of a
@@ -91,12 +91,14 @@ class ProjectedJoin:
     def rows(self, gathered: Mapping[str, list[Row]], keys: set[Key]) -> dict[Key, Row]:
         """The affected keys' new rows from the gathered input rows (as
         engine.incremental.recompute answers them)."""
+        return rows_by_key(self._joined(gathered), self.key, keys)
+
+    def _joined(self, gathered: Mapping[str, list[Row]]) -> Iterator[Row]:
         by_value: dict[Any, Row] = {}
         for row in gathered.get(self.right, []):
             value = row.get(self.right_on)
             if value is not None:
                 by_value[json_value(value)] = row
-        out: dict[Key, Row] = {}
         for left in gathered.get(self.left, []):
             value = left.get(self.left_on)
             right = by_value.get(json_value(value)) if value is not None else None
@@ -107,7 +109,4 @@ class ProjectedJoin:
                 raw = (right if o.right else left)
                 value = raw.get(o.column) if raw is not None else None
                 row[o.name] = None if value is None else o.convert(value)
-            key = row_key(row, self.key)
-            if key in keys:
-                out[key] = row
-        return out
+            yield row

@@ -21,8 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from engine.driver_groups import grouped_query
-from engine.driver_sql import OutsideSubset
-from engine.frames import frame_of, rows_of
+from engine.driver_sql import driver_or_spark
 from engine.sinks.redis_sink import Before
 from schema.catalog import FieldInfo, Source, View, ViewKind, graphql_fields, parse_duration_ms
 from schema.storage import META_LATE_EVENTS, META_WATERMARK, from_json_value, iso_utc, key_of
@@ -51,8 +50,7 @@ class StreamBatch:
     late: int = 0  # events of the batch behind the watermark
 
 class StreamAggregate:
-    def __init__(self, view: View, source: Source, schema: StructType,
-                 in_driver: bool = True) -> None:
+    def __init__(self, view: View, source: Source, schema: StructType) -> None:
         plan = combine_plan(view.sql, view.key)
         if plan is None:
             raise ValueError(f"{view.name} is not a stream aggregate kept from its rows")
@@ -66,7 +64,7 @@ class StreamAggregate:
                          and source.watermark else None)
         # The view's SQL evaluated in the driver when it can be (engine.driver_groups):
         # a Spark job of about 200 ms a batch saved on two cores.
-        self.in_driver = grouped_query(view.sql, schema) if in_driver else None
+        self.in_driver = grouped_query(view.sql, schema)
 
     def batch(self, session: SparkSession, events: Sequence[Row], seen: Seen,
               stored: Callable[[list[str]], Before]) -> StreamBatch:
@@ -81,22 +79,13 @@ class StreamAggregate:
                 meta[META_WATERMARK] = iso_utc(self._watermark(latest))
         if not kept:
             return StreamBatch([], None, meta, late)
-        added = self._added(session, kept)
+        added = driver_or_spark(session, self.in_driver, self.view.sql, kept, self.schema,
+                                self.source.name)
         keys = [key_of(row, self.view.key) for row in added]
         before = stored(keys)
         rows = [self._combined(row, before.rows.get(key)) for key, row in zip(keys, added,
                                                                                strict=True)]
         return StreamBatch(rows, before, meta, late)
-
-    def _added(self, session: SparkSession, events: list[Row]) -> list[Row]:
-        """The view's SQL over the batch's events: what the batch adds to each key."""
-        if self.in_driver is not None:
-            try:
-                return self.in_driver.rows(events)
-            except OutsideSubset:
-                pass  # a value the driver does not answer as Spark would: Spark does
-        frame_of(session, events, self.schema).createOrReplaceTempView(self.source.name)
-        return rows_of(session.sql(self.view.sql), len(events))
 
     def _watermark(self, latest: datetime.datetime) -> datetime.datetime:
         assert self.delay_ms is not None

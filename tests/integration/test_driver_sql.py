@@ -56,6 +56,7 @@ REFUSED = [
     "SELECT * FROM t",
     "SELECT s FROM t WHERE w.start IS NULL",  # a field of a struct, not a column
     "SELECT s FROM (SELECT s FROM t)",
+    "SELECT s FROM t GROUP BY window(t, '1 hour')",  # Spark reads it, sqlglot cannot
 ]
 
 
