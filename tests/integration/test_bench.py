@@ -63,6 +63,12 @@ def test_engine_group_reports_every_figure(spark, settings, tmp_path):
     assert all(graph[step] > 0 for step in ("read_ms", "Order_compute_ms", "apply_ms",
                                             "feed_ms", "delta_ms", "batch_ms")), graph
     assert written["engine_live_profile_ms"]["graph"]["CustomerStats_compute_ms"] > 0
+    # The tail: the slowest batches' steps, in the graph and in each view's Delta step.
+    tail = written["engine_live_tail_ms"]
+    mean = written["engine_live_profile_ms"]["graph"]["triggerExecution_ms"]
+    assert tail["slowest"]["triggerExecution_ms"] >= mean
+    assert tail["views"]["Order"]["delta_ms"] > 0
+    assert "maintenance_wait_ms" in tail["views"]["Order"]
     assert set(written["engine_freshness_by_view"]) == {
         "Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales"}
     assert written["engine_restart_to_commit_max_s"] >= written["engine_restart_to_commit_s"]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from viewgate.bench import results
-from viewgate.bench.engine import FIGURES, profile, throughput, visibility_ms
+from viewgate.bench.engine import FIGURES, profile, tail_profile, throughput, visibility_ms
 from viewgate.bench.gateway import FIGURES as GATEWAY_FIGURES
 from viewgate.bench.gateway import list_rate, median_ratio, warnings
 from viewgate.bench.group import BenchError
@@ -143,6 +143,27 @@ def test_profile_splits_the_batch_into_compute_and_commit_steps():
     assert out["batches"] == 1
     assert out["triggerExecution_ms"] == 1000
     assert out["compute_ms"] == pytest.approx(370)
+
+
+def test_tail_profile_names_what_the_slowest_batches_spend_and_the_gaps_between():
+    progress = []
+    start = 0
+    for batch_id in range(21):  # batch 0 is warm-up; batch 7 carries a slow Delta step
+        trigger = 2_000 if batch_id == 7 else 500
+        progress.append({**_progress(batch_id, 100, trigger, addBatch=trigger - 50),
+                         "timestamp": f"2026-11-27T10:00:{start // 1000:02d}.{start % 1000:03d}Z"})
+        start += trigger + (300 if batch_id == 12 else 100)  # batch 13 started late
+    commits = {i: {"read_ms": 200.0, "delta_ms": 1_500.0 if i == 7 else 100.0}
+               for i in range(21)}
+    out = tail_profile(progress, commits, share=0.05)
+    assert [b["batch_id"] for b in out["slowest_batches"]] == [7]
+    assert out["slowest_batches"][0]["delta_ms"] == 1_500
+    assert out["slowest"]["delta_ms"] == 1_500
+    assert out["slowest"]["read_ms"] == 200
+    assert out["trigger_ms"]["max"] == 2_000
+    assert out["trigger_ms"]["p50"] == 500
+    assert out["gap_ms"]["max"] == 300
+    assert out["gap_ms"]["p50"] == 100
 
 
 def test_visibility_maps_each_event_to_the_first_batch_past_its_offset():

@@ -38,9 +38,9 @@ from viewgate.bench.engine import (
     catalog_on_topics,
     commit_timings,
     freshness_by_view,
+    produced_then_caught_up,
     profile,
     progress_dicts,
-    wait_caught_up,
     wait_started,
 )
 from viewgate.bench.gateway import customer_rows
@@ -133,10 +133,9 @@ def measure_freshness(ctx: BenchContext, settings: Settings, catalog: Catalog,
         producer = Worker("producer", produce_paced, settings.kafka_bootstrap, renamed,
                           sizes.freshness_rate, sizes.freshness_s, 9)
         workers.append(producer)
-        deliveries = producer.result(timeout_s=sizes.freshness_s + 120)
-        behind = wait_caught_up(settings.redis_url, view_topics, deliveries, 120)
-        if behind:
-            raise BenchError(f"views {behind} did not catch up within 120 s of the last event")
+        deliveries = produced_then_caught_up(producer, settings.kafka_bootstrap,
+                                             settings.redis_url, view_topics,
+                                             sizes.freshness_s + 120)
         # The last versions are in Redis; give their feed messages the same deadline.
         stop.set()
         observed = watcher.result(timeout_s=60)
