@@ -85,10 +85,12 @@ class ViewCommitter:
         delete_on: Sequence[str] = (),
         checkpoint: str | None = None,
         source: str | None = None,
+        maintenance_phase: float = 0.0,
     ) -> None:
         """`source`: the source whose dead-letter topic takes the view's rows with a null
         key (default: the view's own source; a view over views names the source at the end
-        of its chain, catalog.source_of)."""
+        of its chain, catalog.source_of). `maintenance_phase`: where in their intervals the
+        table's compaction and maintenance start (engine.maintenance.MaintenanceSchedule)."""
         self.view = view
         self.checkpoint = checkpoint
         self.generation = generation
@@ -104,8 +106,10 @@ class ViewCommitter:
             app_id=delta_app_id(view.name, generation),
         )
         self.target_file_bytes = settings.delta_target_file_bytes
-        self.maintenance = MaintenanceSchedule(settings.delta_maintenance_interval_s)
-        self.compaction = MaintenanceSchedule(settings.delta_compact_interval_s)
+        self.maintenance = MaintenanceSchedule(settings.delta_maintenance_interval_s,
+                                               phase=maintenance_phase)
+        self.compaction = MaintenanceSchedule(settings.delta_compact_interval_s,
+                                              phase=maintenance_phase)
         self.background = background_for(self.delta.path, view.name)
 
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
@@ -298,9 +302,11 @@ class ViewCommitter:
             self.background.start(lambda: self._maintain(batch_id, small_files_only=True))
         if log.isEnabledFor(logging.DEBUG):
             delta_ms = (time.perf_counter() - started) * 1000
-            log.debug("%s batch %d: delta %.0f ms", self.view.name, batch_id, delta_ms,
+            log.debug("%s batch %d: delta %.0f ms (%.0f ms waiting for maintenance)",
+                      self.view.name, batch_id, delta_ms, waited * 1000,
                       extra={"view": self.view.name, "batch_id": batch_id,
-                             "timings": {"delta_ms": delta_ms}})
+                             "timings": {"delta_ms": delta_ms,
+                                         "maintenance_wait_ms": waited * 1000}})
 
     def _rows_of(self, events: Sequence[ChangeEvent]
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -154,8 +154,10 @@ class GraphBatch:
                 settings, v, generations[v.name],
                 # Only upsert views delete, by the source key a tombstone carries.
                 (catalog.sources[v.source].key,) if v.kind is ViewKind.UPSERT else v.key,
-                checkpoint, source=catalog.source_of(v).name)
-            for v in self.views}
+                checkpoint, source=catalog.source_of(v).name,
+                # One view's table maintenance at a time, not all in one batch.
+                maintenance_phase=i / len(self.views))
+            for i, v in enumerate(self.views)}
         self.dimensions = {v.name: Dimensions(settings, v.dimensions)
                            for v in self.views if v.kind is ViewKind.UPSERT}
         self.tables = {v.name: TableView(v.name, v.sql, v.key, {n: schemas[n] for n in v.reads})

@@ -123,13 +123,19 @@ def delete_old_change_data(path: str, retention_s: float) -> list[str]:
 
 
 class MaintenanceSchedule:
-    """When a view's table is due: `interval_s` after the committer started, then after
-    each run. An interval of 0 never is."""
+    """When a view's table is due: first `(1 - phase) * interval_s` after the committer
+    started, then `interval_s` after each run. An interval of 0 never is.
 
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    The graph's views get phases spread over [0, 1) (engine.graph): with one phase, every
+    view's compaction fell due in the same batch, and five compactions at once starved the
+    next batch of both cores (a batch of 1.1 to 1.8 s where 0.55 is usual, every
+    interval: most of the freshness's p99 in the bench)."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic,
+                 phase: float = 0.0) -> None:
         self.interval_s = interval_s
         self.clock = clock
-        self.last = clock()
+        self.last = clock() - phase * interval_s
 
     def due(self) -> bool:
         return self.interval_s > 0 and self.clock() - self.last >= self.interval_s

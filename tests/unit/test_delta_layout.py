@@ -146,6 +146,22 @@ def test_maintenance_schedule():
     assert not MaintenanceSchedule(0.0, clock=lambda: 1e9).due()
 
 
+def test_maintenance_phases_spread_the_first_runs_over_the_interval():
+    now = [100.0]
+    schedules = [MaintenanceSchedule(60.0, clock=lambda: now[0], phase=i / 5) for i in range(5)]
+    due_at = []
+    for second in range(101, 161):
+        now[0] = float(second)
+        for i, schedule in enumerate(schedules):
+            if schedule.due() and i not in dict(due_at):
+                due_at.append((i, second))
+    # 12 s apart, the last phase first; after a run each waits a whole interval.
+    assert due_at == [(4, 112), (3, 124), (2, 136), (1, 148), (0, 160)]
+    schedules[4].done()
+    now[0] = 171.0
+    assert not schedules[4].due()
+
+
 def test_maintenance_deletes_change_data_older_than_the_history(tmp_path):
     path = str(tmp_path / "Customer")
     write_deltalake(path, pa.Table.from_pylist([], SCHEMA),
