@@ -128,8 +128,8 @@ class MaintenanceSchedule:
 
     The graph's views get phases spread over [0, 1) (engine.graph): with one phase, every
     view's compaction fell due in the same batch, and five compactions at once starved the
-    next batch of both cores (a batch of 1.1 to 1.8 s where 0.55 is usual, every
-    interval: most of the freshness's p99 in the bench)."""
+    next batch of both cores (1.5 to 1.9 s where 0.55 is usual, every interval: most of
+    the freshness's p99 in the bench)."""
 
     def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic,
                  phase: float = 0.0) -> None:

@@ -245,6 +245,7 @@ def live_tail(live: Mapping[str, Sequence[Mapping[str, Any]]],
         return {}
     ids = {b["batch_id"] for b in tail["slowest_batches"]}
     slowest = [p for p in progress if p["batchId"] in ids]
+    # The graph's views: each is listed with the graph query's progress.
     views = {name for name, runs in live.items() if runs == progress} - {GRAPH_TIMINGS}
     return {**tail, "views": {name: profile(progress, commits.get(name, {}), slowest)
                               for name in sorted(views)}}
@@ -490,10 +491,10 @@ def produced_then_caught_up(producer: Worker, bootstrap: str, redis_url: str,
     """Wait for the producer to finish, then for every view to cover its topic's last
     offset, and only then take the producer's deliveries; raises if a view did not catch
     up within `timeout_s`. The deliveries (tens of thousands of tuples) come over in this
-    process, where the engine runs: taken before the engine caught up, they held its last
-    batches back (a batch of 1.1 to 1.8 s at the end of each run, most of the p99)."""
+    process, where the engine runs: taken after the catch-up, they cannot load the engine
+    while it still works on the events measured."""
     if not producer.done(timeout_s):
-        producer.result(0)  # raises, naming the worker
+        raise BenchError(f"the producer did not finish within {timeout_s:.0f} s")
     behind = wait_caught_up(redis_url, topics, last_offsets(bootstrap, set(topics.values())),
                             timeout_s)
     if behind:
