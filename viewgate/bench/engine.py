@@ -233,20 +233,18 @@ def tail_profile(
     }
 
 
-def live_tail(live: Mapping[str, Sequence[Mapping[str, Any]]],
+def live_tail(progress: Sequence[Mapping[str, Any]], views: Sequence[str],
               commits: Mapping[str, Mapping[int, Mapping[str, float]]]) -> dict[str, Any]:
-    """The freshness's tail: what the graph query's slowest batches spend, as a whole and
-    in each of its views' commits (their Delta step, a wait for maintenance included)."""
+    """The freshness's tail: what the graph query's slowest batches spend (`progress`: the
+    graph query's), as a whole and in each of its `views`' commits (their Delta step, a
+    wait for maintenance included)."""
     from engine.graph import GRAPH_TIMINGS
 
-    progress = live.get(GRAPH_TIMINGS, [])
     tail = tail_profile(progress, commits.get(GRAPH_TIMINGS, {}))
     if not tail:
         return {}
     ids = {b["batch_id"] for b in tail["slowest_batches"]}
     slowest = [p for p in progress if p["batchId"] in ids]
-    # The graph's views: each is listed with the graph query's progress.
-    views = {name for name, runs in live.items() if runs == progress} - {GRAPH_TIMINGS}
     return {**tail, "views": {name: profile(progress, commits.get(name, {}), slowest)
                               for name in sorted(views)}}
 
@@ -594,6 +592,8 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
             live = {name: progress_dicts(q) for q in queries
                     for name in ([v for v, _ in query_views(q.name)] or [q.name])
                     + ([GRAPH_TIMINGS] if q.name.startswith("graph:") else [])}
+            graph_views = [v for q in queries if q.name.startswith("graph:")
+                           for v, _ in query_views(q.name)]
         finally:
             stop.set()
             for worker in workers:
@@ -624,7 +624,8 @@ def measure_freshness(ctx: BenchContext) -> tuple[dict[str, Any], list[Plot]]:
             for name, progress in live.items()
             if progress
         },
-        "engine_live_tail_ms": live_tail(live, timings.by_view),
+        "engine_live_tail_ms": live_tail(live.get(GRAPH_TIMINGS, []), graph_views,
+                                         timings.by_view),
     }
     ordered = {VIEW: samples.pop(VIEW), **samples}
     plot = Plot(
