@@ -8,13 +8,15 @@ the catalog's analysis 2.4 -> 1.6 s, a first job 1.5 -> 1.0 s.
 
 `viewgate setup` builds it once per machine (a warm-up run in a child process: the demo
 catalog analysed, small queries, a Delta table, a streaming query), keyed by the Java
-executable and the jars, since the archive is only good for the class path it was made
-with. build_spark uses it when it exists; a JVM that finds it unusable ignores it.
+executable and the jars (their paths, sizes and times), since the archive is only good for
+the class path it was made with; building one deletes those no JVM can use any more.
+build_spark uses it when it exists; a JVM that finds it unusable ignores it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pyspark
 
@@ -31,13 +34,55 @@ from schema.settings import Settings
 
 def archive_path(settings: Settings) -> Path:
     """Where the archive of this machine's Java and jars lives (it may not exist)."""
+    return _path_of(settings, _digest(_inputs(settings)))
+
+
+def _inputs(settings: Settings) -> dict[str, Any]:
+    """What an archive is only good for: the Java executable and the class path's jars."""
     java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin")) \
         or shutil.which("java") or "java"
     spark_jars = Path(pyspark.__file__).parent / "jars"
-    parts = [os.path.realpath(java), pyspark.__version__, str(spark_jars),
-             *sorted(p.name for p in spark_jars.glob("*.jar")), *settings.spark_jar_paths()]
-    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    jars = [*sorted(spark_jars.glob("*.jar")), *map(Path, settings.spark_jar_paths())]
+    return {"java": os.path.realpath(java), "pyspark": pyspark.__version__,
+            "jars": [str(jar) for jar in jars]}
+
+
+def _digest(inputs: dict[str, Any]) -> str:
+    # The JVM refuses an archive whose class path's jars changed size or time ("The top
+    # archive failed to load"): a virtualenv made again at the same path (a fresh clone)
+    # has the same jars with new times, and needs an archive of its own.
+    parts = [inputs["java"], inputs["pyspark"], *map(_stamp, inputs["jars"])]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _stamp(jar: str) -> str:
+    try:
+        stat = os.stat(jar)
+    except OSError:
+        return jar
+    return f"{jar} {stat.st_size} {stat.st_mtime_ns}"
+
+
+def _path_of(settings: Settings, digest: str) -> Path:
     return settings.cache_dir / "jvm" / f"spark-{digest}.jsa"
+
+
+def prune_stale_archives(settings: Settings) -> list[Path]:
+    """Delete the archives (about 180 MB each) that no JVM can use any more: their jars are
+    gone or changed (each archive's inputs are kept beside it), or they were made before
+    their inputs were kept. Returns what was deleted."""
+    deleted = []
+    for archive in sorted((settings.cache_dir / "jvm").glob("spark-*.jsa")):
+        inputs = archive.with_suffix(".json")
+        try:
+            stale = _digest(json.loads(inputs.read_text())) != archive.stem.removeprefix("spark-")
+        except (OSError, ValueError, KeyError, TypeError):
+            stale = True
+        if stale:
+            archive.unlink(missing_ok=True)
+            inputs.unlink(missing_ok=True)
+            deleted.append(archive)
+    return deleted
 
 
 def java_options(settings: Settings) -> str:
@@ -49,7 +94,8 @@ def java_options(settings: Settings) -> str:
 def build_archive(settings: Settings, timeout_s: float = 600) -> Path | None:
     """Make the archive (a warm-up run in a child process whose JVM dumps the classes it
     loaded when it exits); None if it could not be made (the engine runs without it)."""
-    path = archive_path(settings)
+    inputs = _inputs(settings)
+    path = _path_of(settings, _digest(inputs))
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.unlink(missing_ok=True)
@@ -67,7 +113,9 @@ def build_archive(settings: Settings, timeout_s: float = 600) -> Path | None:
     if child.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
         partial.unlink(missing_ok=True)
         return None
+    path.with_suffix(".json").write_text(json.dumps(inputs))
     partial.rename(path)
+    prune_stale_archives(settings)
     return path
 
 

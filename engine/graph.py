@@ -54,6 +54,7 @@ from engine.commit import IN_FLIGHT, Pending, ViewCommitter
 from engine.current_rows import DeltaRows, RedisRows
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
+from engine.errors import GraphChanged
 from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
 from engine.incremental import (
@@ -564,10 +565,6 @@ def start_graph_query(
 
 # The graph's views, recorded in its checkpoint when it is created.
 VIEWS_FILE = "viewgate-views.json"
-
-
-class GraphChanged(RuntimeError):
-    """The graph's checkpoint was made for other views: starting it would skip history."""
 
 
 def claim_checkpoint(settings: Settings, catalog: Catalog, generations: Mapping[str, int]

@@ -127,7 +127,7 @@ def validate(
 def engine(catalog: str = CatalogOption) -> None:
     """Run the Spark engine (the graph query of the views over topics' latest rows and of
     views over views, a query per streaming aggregate) until SIGTERM or Ctrl-C."""
-    from engine.graph import GraphChanged
+    from engine.errors import GraphChanged
     from engine.main import run_engine
     from schema.errors import CatalogError
     from schema.loader import load_catalog
