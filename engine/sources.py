@@ -16,6 +16,9 @@ CORRUPT = "_corrupt"
 META_COLUMNS = ("_kafka_key", "_raw", "_topic", "_partition", "_offset", "_tombstone", "_error")
 
 
+FETCH_MAX_WAIT_MS = 5
+
+
 def read_kafka(
     spark: SparkSession, settings: Settings, topic: str, max_offsets: int | None = None
 ) -> DataFrame:
@@ -28,6 +31,11 @@ def read_kafka(
         .option("startingOffsets", "earliest")
         # Compacted topics have offset gaps by design; a gap is not data loss here.
         .option("failOnDataLoss", "false")
+        # A batch reads only offsets that exist (up to the end its planning saw), yet its
+        # tasks' consumers waited on fetches for up to the broker's default 500 ms: a warm
+        # read of 500 records took 256 ms at the median and 361 at p90, against 113 and 128
+        # with this (a count of each batch at 1,000 events/s on 2 cores, 2026-11-27).
+        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
     )
     max_offsets = max_offsets or settings.max_offsets_per_trigger
     if max_offsets:
