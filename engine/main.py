@@ -23,7 +23,7 @@ log = logging.getLogger("viewgate.engine")
 
 
 # The engine's own modules (the graph and what it brings: pandas, sqlglot, delta-rs, about
-# 0.8 s of imports on 2 cores), loaded while Spark's JVM starts, which takes seconds and
+# 0.4 s of imports on 2 cores), loaded while Spark's JVM starts, which takes seconds and
 # leaves this process waiting: a restart commits sooner.
 _ENGINE_MODULES = ("engine.runner", "engine.commit", "engine.maintenance")
 
