@@ -219,8 +219,7 @@ def tail_profile(
             for p in progress}
     gaps = [starts[p["batchId"]] - ends[p["batchId"] - 1]
             for p in batches if p["batchId"] - 1 in ends]
-    slowest = sorted(batches, key=lambda p: p["durationMs"]["triggerExecution"])
-    slowest = slowest[-max(1, round(len(batches) * share)):]
+    slowest = _slowest(batches, share)
     return {
         "trigger_ms": {k: round(v, 1) for k, v in distribution(trigger).items()},
         "gap_ms": {k: round(v, 1) for k, v in distribution(gaps).items()} if gaps else {},
@@ -243,10 +242,16 @@ def live_tail(progress: Sequence[Mapping[str, Any]], views: Sequence[str],
     tail = tail_profile(progress, commits.get(GRAPH_TIMINGS, {}))
     if not tail:
         return {}
-    ids = {b["batch_id"] for b in tail["slowest_batches"]}
-    slowest = [p for p in progress if p["batchId"] in ids]
+    slowest = _slowest(steady_batches(progress))
     return {**tail, "views": {name: profile(progress, commits.get(name, {}), slowest)
                               for name in sorted(views)}}
+
+
+def _slowest(batches: Sequence[Mapping[str, Any]], share: float = 0.05
+             ) -> list[Mapping[str, Any]]:
+    """The slowest `share` of `batches` by trigger time (at least one)."""
+    ordered = sorted(batches, key=lambda p: p["durationMs"]["triggerExecution"])
+    return ordered[-max(1, round(len(batches) * share)):]
 
 
 def _epoch_ms(timestamp: str) -> float:
