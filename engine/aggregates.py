@@ -46,8 +46,8 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
+from engine.analyzer import analysed
 from engine.driver_sql import OutsideSubset, Projection, driver_or_spark, schema_types
-from engine.frames import frame_of
 from engine.incremental import Change, Key, Row, changed_rows, json_value
 
 SIDE = "__vg_side"  # which side of a change an input row is: REMOVED or ADDED
@@ -208,9 +208,8 @@ def supported_types(partial_schema: StructType) -> bool:
 
 def partial_schema(spark: SparkSession, plan: AggregatePlan, input_schema: StructType
                    ) -> StructType:
-    """The partial query's output schema (analysed over no rows)."""
-    frame_of(spark, [], _with_side(input_schema)).createOrReplaceTempView(plan.table)
-    return spark.sql(plan.partial_sql).schema
+    """The partial query's output schema."""
+    return analysed(spark, plan.partial_sql, {plan.table: _with_side(input_schema)}).schema
 
 
 def _with_side(schema: StructType) -> StructType:
@@ -380,8 +379,7 @@ class AggregateStep:
         return {COUNT: 0, **{p.name: 0 if p.kind == "count" else None for p in self.plan.parts}}
 
     def final_schema(self, spark: SparkSession) -> StructType:
-        frame_of(spark, [], self.codec.schema).createOrReplaceTempView(STATE_VIEW)
-        return spark.sql(self.plan.final_sql).schema
+        return analysed(spark, self.plan.final_sql, {STATE_VIEW: self.codec.schema}).schema
 
     def final(self, spark: SparkSession, states: Mapping[Key, State]) -> dict[Key, Row]:
         if not states:

@@ -3,21 +3,16 @@ match the view's GraphQL type. Gives each view's output schema for its Delta tab
 
 from __future__ import annotations
 
-import threading
-
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from engine.affected import KeysByLookup, UntraceableKey, plan_affected
+from engine.analyzer import analysed
 from engine.current_rows import redis_serves
 from engine.incremental import gather_plan
-from engine.lineage import Lineage, lineage
+from engine.lineage import Lineage
 from schema.catalog import Catalog, View, ViewKind, compare_columns
 from schema.errors import CatalogError, Problem
-
-# Temp views are per session and named after sources and views; registering one and
-# analysing SQL against it must not interleave with another thread doing the same.
-SQL_LOCK = threading.RLock()
 
 
 def dependency_order(catalog: Catalog) -> list[View]:
@@ -70,24 +65,21 @@ def analyse(spark: SparkSession, catalog: Catalog,
                 )
             )
             continue
-        with SQL_LOCK:
-            spark.createDataFrame([], source.schema).createOrReplaceTempView(source.name)
-            for dim in view.dimensions:
-                if dim in schemas:
-                    spark.createDataFrame([], schemas[dim]).createOrReplaceTempView(dim)
-            try:
-                schema = spark.sql(view.sql).schema
-            except Exception as exc:  # noqa: BLE001 - Spark's analysis errors vary
-                problems.append(
-                    Problem(
-                        view.name,
-                        None,
-                        f"Spark cannot analyse the SQL: {exc}".split("\n")[0],
-                        "fix the SQL; it runs over the source table "
-                        f"{source.name!r} and dimension views {list(view.dimensions)}",
-                    )
+        inputs = {source.name: source.schema,
+                  **{dim: schemas[dim] for dim in view.dimensions if dim in schemas}}
+        try:
+            schema = analysed(spark, view.sql, inputs).schema
+        except Exception as exc:  # noqa: BLE001 - Spark's analysis errors vary
+            problems.append(
+                Problem(
+                    view.name,
+                    None,
+                    f"Spark cannot analyse the SQL: {exc}".split("\n")[0],
+                    "fix the SQL; it runs over the source table "
+                    f"{source.name!r} and dimension views {list(view.dimensions)}",
                 )
-                continue
+            )
+            continue
         actual = {f.name: f.dataType.simpleString() for f in schema.fields}
         found = compare_columns(view, actual)
         if found:
@@ -106,16 +98,13 @@ def _analyse_table_view(spark: SparkSession, view: View, schemas: dict[str, Stru
     missing = [name for name in view.reads if name not in schemas]
     if missing:
         return []  # the views it reads have problems of their own, reported already
-    with SQL_LOCK:
-        for name in view.reads:
-            spark.createDataFrame([], schemas[name]).createOrReplaceTempView(name)
-        try:
-            schema = spark.sql(view.sql).schema
-            traced = lineage(spark, view.sql)
-        except Exception as exc:  # noqa: BLE001 - Spark's analysis errors vary
-            return [Problem(view.name, None,
-                            f"Spark cannot analyse the SQL: {exc}".split("\n")[0],
-                            f"fix the SQL; it reads the views {list(view.reads)}")]
+    try:
+        found = analysed(spark, view.sql, {name: schemas[name] for name in view.reads})
+        schema, traced = found.schema, found.lineage
+    except Exception as exc:  # noqa: BLE001 - Spark's analysis errors vary
+        return [Problem(view.name, None,
+                        f"Spark cannot analyse the SQL: {exc}".split("\n")[0],
+                        f"fix the SQL; it reads the views {list(view.reads)}")]
     actual = {f.name: f.dataType.simpleString() for f in schema.fields}
     problems = compare_columns(view, actual)
     for name in view.reads:

@@ -134,6 +134,7 @@ def _wait_for_group(leader: int, deadline: float) -> None:
 def _warm_up(archive: str, work: str) -> None:
     """What the engine loads on its way to its first batches."""
     from engine.analysis import analyse
+    from engine.analyzer import ANALYSIS_CACHE_CONF
     from engine.sinks.delta_sink import ensure_table
     from engine.spark import build_spark
     from schema.demo import CATALOG
@@ -141,6 +142,7 @@ def _warm_up(archive: str, work: str) -> None:
     settings = Settings()
     spark = build_spark(settings, app_name="viewgate-class-archive",
                         extra_java_options=f"-XX:ArchiveClassesAtExit={archive}")
+    spark.conf.unset(ANALYSIS_CACHE_CONF)  # Spark's analyzer runs: its classes are archived
     schemas = analyse(spark, CATALOG)
     for name, schema in schemas.items():
         ensure_table(spark, f"{work}/{name}", schema)

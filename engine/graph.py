@@ -49,7 +49,8 @@ from engine.aggregates import (
     plan_aggregate,
     supported_types,
 )
-from engine.analysis import SQL_LOCK, dependency_order
+from engine.analysis import dependency_order
+from engine.analyzer import analysed, struct_of
 from engine.commit import IN_FLIGHT, Pending, ViewCommitter
 from engine.current_rows import DeltaRows, RedisRows
 from engine.deadletter import DeadLetterWriter
@@ -66,7 +67,7 @@ from engine.incremental import (
     projected_rows,
     view_changes,
 )
-from engine.lineage import Lineage, lineage
+from engine.lineage import Lineage
 from engine.malloc import FreeMemoryTrim
 from engine.metrics import observe_graph_steps, observe_rows_changed, observe_stream
 from engine.projected_join import ProjectedJoin
@@ -182,8 +183,7 @@ class GraphBatch:
             # adaptive execution has nothing to adapt and costs each query its re-planning
             # (an aggregate over 10 rows: 180 -> 135 ms without it, measured on 2 cores).
             session.conf.set("spark.sql.adaptive.enabled", "false")
-        self.source_schemas = {s.name: spark.createDataFrame([], s.schema).schema
-                               for s in self.sources}
+        self.source_schemas = {s.name: struct_of(spark, s.schema) for s in self.sources}
         self.streams = {v.name: StreamAggregate(v, catalog.sources[v.source],
                                                 self.source_schemas[v.source])
                         for v in self.views if v.kind in STREAM_KINDS}
@@ -531,10 +531,7 @@ def _aggregate_step(session: SparkSession, table: TableView, schema: StructType
 
 
 def _lineage(spark: SparkSession, table: TableView) -> Lineage:
-    with SQL_LOCK:
-        for name, schema in table.inputs.items():
-            spark.createDataFrame([], schema).createOrReplaceTempView(name)
-        return lineage(spark, table.sql)
+    return analysed(spark, table.sql, table.inputs).lineage
 
 
 def start_graph_query(

@@ -144,7 +144,7 @@ def recompute(spark: SparkSession, view: TableView, gathered: Mapping[str, list[
               keys: set[Key]) -> dict[Key, Row]:
     """The view's SQL over the gathered rows: the affected keys' new rows. It replaces the
     session's temporary views of the inputs' names: give it a session of its own
-    (`SparkSession.newSession()`), or hold engine.analysis.SQL_LOCK."""
+    (`SparkSession.newSession()`), or hold engine.analyzer.SQL_LOCK."""
     for table, schema in view.inputs.items():
         frame_of(spark, gathered.get(table, []), schema).createOrReplaceTempView(table)
     return rows_by_key(rows_of(spark.sql(view.sql), sum(map(len, gathered.values()))),

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
+from engine.analyzer import ANALYSIS_CACHE_CONF
 from engine.class_archive import java_options
 from schema.object_store import export_s3_environment, spark_s3_conf
 from schema.settings import Settings
@@ -119,6 +120,8 @@ def build_spark(settings: Settings, app_name: str = "viewgate-engine",
         .config("spark.pyspark.driver.python", sys.executable)
         .config("spark.sql.streaming.minBatchesToRetain",
                 str(settings.spark_min_batches_to_retain))
+        # Where the views' analyses are kept for the next start (engine.analyzer).
+        .config(ANALYSIS_CACHE_CONF, str(settings.cache_dir / "analysis"))
     )
     # s3a:// roots: Spark through S3A; this process's delta-rs and pyarrow through the AWS
     # variables (schema.object_store).

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from engine.analysis import SQL_LOCK
+from engine.analyzer import SQL_LOCK
 from engine.commit import ViewCommitter
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions

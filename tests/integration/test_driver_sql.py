@@ -12,7 +12,7 @@ import random
 import pytest
 from pyspark.sql.types import StructType
 
-from engine.analysis import SQL_LOCK
+from engine.analyzer import SQL_LOCK
 from engine.driver_groups import grouped_query
 from engine.driver_sql import OutsideSubset, Projection, schema_types
 from engine.frames import frame_of, rows_of

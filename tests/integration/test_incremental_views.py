@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql.types import StructType
 
 from engine.aggregates import AggregateStep, StateCodec, partial_schema, plan_aggregate
-from engine.analysis import SQL_LOCK
+from engine.analyzer import SQL_LOCK
 from engine.incremental import (
     Change,
     Key,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.analysis import SQL_LOCK
+from engine.analyzer import SQL_LOCK
 from engine.lineage import Column, EquiJoin, lineage
 
 pytestmark = pytest.mark.integration
