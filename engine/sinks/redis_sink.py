@@ -60,6 +60,7 @@ class RedisSink:
         self.fields = fields
         self.client = connect_redis(redis_url)
         self.apply_script = self.client.register_script(APPLY_BATCH_LUA)
+        self._index_keys: dict[tuple[int, str], str] = {}  # (generation, field) -> its key
 
     def _index_entries(self, row: Mapping[str, Any] | None, key: str, gen: int,
                        fields: Iterable[str] | None = None) -> set[tuple]:
@@ -69,8 +70,15 @@ class RedisSink:
         for field in self.view.indexes if fields is None else fields:
             entry = index_entry(self.fields[field].python_type, row.get(field), key)
             if entry is not None:
-                entries.add((index_key(self.view.name, gen, field), *entry))
+                entries.add((self._index_key(gen, field), *entry))
         return entries
+
+    def _index_key(self, generation: int, field: str) -> str:
+        found = self._index_keys.get((generation, field))
+        if found is None:
+            found = self._index_keys[generation, field] = index_key(self.view.name, generation,
+                                                                    field)
+        return found
 
     def _changed_indexed(self, old: Mapping[str, Any] | None,
                          row: Mapping[str, Any]) -> tuple[str, ...]:

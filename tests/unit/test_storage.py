@@ -17,6 +17,7 @@ from schema.storage import (
     ChangeEvent,
     ViewMeta,
     apply_batch_args,
+    batch_writes,
     change_op,
     changefeed_topic,
     current_generation_path,
@@ -30,8 +31,12 @@ from schema.storage import (
     key_of,
     meta_key,
     meta_table_path,
+    op_del,
+    op_hdel,
+    op_hset,
     op_set,
     op_zadd,
+    op_zrem,
     outbox_events,
     outbox_key,
     outbox_value,
@@ -211,7 +216,26 @@ def test_apply_batch_args_shape() -> None:
     argv = apply_batch_args(7, 1, {"committed_at_ms": 5, "offsets": {"orders": {"0": 3}}}, ops)
     assert argv[:2] == ["7", "1"]
     assert orjson.loads(argv[2]) == {"committed_at_ms": "5", "offsets": '{"orders":{"0":3}}'}
-    assert orjson.loads(argv[3])[0] == {"op": "set", "k": "vg:Order:g1:row:O1", "v": '{"a":1}'}
+    assert orjson.loads(argv[3]) == [["set", "", ["vg:Order:g1:row:O1", '{"a":1}']],
+                                     ["zadd", "vg:Order:g1:idx:amount", [1.5, "O1"]]]
+
+
+def test_batch_writes_group_by_command_and_key_removals_first() -> None:
+    ops = [op_set("r:1", "a"), op_zrem("i:amount", "1"), op_zadd("i:amount", 2.0, "1"),
+           op_set("r:2", "b"), op_zadd("i:amount", 3.0, "2"), op_zadd("i:status", 0, "x\x001"),
+           op_del("r:3"), op_zrem("i:amount", "3"), op_del("state"), op_hset("state", "1", "s"),
+           op_hdel("state", "2")]
+    assert batch_writes(ops) == [
+        ["del", "", ["r:3", "state"]],
+        ["zrem", "i:amount", ["1", "3"]],
+        ["hdel", "state", ["2"]],
+        ["set", "", ["r:1", "a", "r:2", "b"]],
+        ["zadd", "i:amount", [2.0, "1", 3.0, "2"]],
+        ["zadd", "i:status", [0, "x\x001"]],
+        ["hset", "state", ["1", "s"]],
+    ]
+    with pytest.raises(ValueError, match="unknown Redis write"):
+        batch_writes([{"op": "expire", "k": "r:1"}])
 
 
 def test_lua_script_is_balanced() -> None:
@@ -220,3 +244,4 @@ def test_lua_script_is_balanced() -> None:
     opens = len(re.findall(r"\b(?:if|for|function)\b", code))
     assert opens == len(re.findall(r"\bend\b", code))
     assert "cjson.decode(ARGV[4])" in code and "return 0" in code and "return 1" in code
+    assert "unpack(args, first, last)" in code
