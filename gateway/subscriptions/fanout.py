@@ -43,8 +43,13 @@ class FanoutStats:
     generation_switches: dict[str, int] = field(default_factory=dict)
     # The last batch that put at least FANOUT_NOTED messages in subscriber buffers: when the
     # feed reader had it, when its dispatch began (wall-clock ms), how long that took (ms),
-    # the messages. Where a change's time goes between the feed and the clients.
+    # the messages, and when its frames had been written (`written_ms`, set a turn of the
+    # loop later). Where a change's time goes between the feed and the clients.
     last_fanout: dict[str, float] | None = None
+
+
+def _note_written(noted: dict[str, float]) -> None:
+    noted["written_ms"] = time.time() * 1000
 
 
 class GenerationChanged:
@@ -149,10 +154,13 @@ class Fanout:
         for item in batch:
             self._deliver(item)
         if self.stats.delivered - delivered >= FANOUT_NOTED:
-            self.stats.last_fanout = {
+            noted = self.stats.last_fanout = {
                 "received_ms": self.feed.received_ms, "dispatch_started_ms": started * 1000,
                 "dispatch_ms": round((time.time() - started) * 1000, 1),
                 "delivered": self.stats.delivered - delivered}
+            # The frames the dispatch wrote leave at the end of the loop's turn, each
+            # connection's by a callback queued meanwhile: one queued now runs after them.
+            asyncio.get_running_loop().call_soon(_note_written, noted)
 
     def _deliver(self, item: FeedEvent) -> None:
         event = item.event

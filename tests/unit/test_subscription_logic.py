@@ -213,11 +213,17 @@ def test_the_fanout_notes_a_batch_delivering_many_messages_and_not_a_small_one()
     assert fanout.stats.last_fanout is None  # one message: not a fan-out
     for sub in subs[1:]:
         fanout.index.add_key("Customer", "C1", sub)
-    asyncio.run(fanout.dispatch([FeedEvent("Customer", 1, _event(None, _row("silver"), 2))]))
+
+    async def dispatched_and_written() -> None:
+        await fanout.dispatch([FeedEvent("Customer", 1, _event(None, _row("silver"), 2))])
+        assert "written_ms" not in fanout.stats.last_fanout  # the writes leave after it
+        await asyncio.sleep(0)  # one turn of the loop: the writes queued by the dispatch
+    asyncio.run(dispatched_and_written())
     noted = fanout.stats.last_fanout
     assert noted is not None and noted["delivered"] == FANOUT_NOTED
     assert noted["received_ms"] == 1_000.0
     assert noted["dispatch_started_ms"] > noted["received_ms"] and noted["dispatch_ms"] >= 0
+    assert noted["written_ms"] >= noted["dispatch_started_ms"] + noted["dispatch_ms"] - 1
     assert fanout.report()["lastFanout"] is noted
 
 

@@ -306,7 +306,9 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             deadline = time.monotonic() + 120
             for event in (r[1] for r in reached):
                 event.wait(max(0.0, deadline - time.monotonic()))
+            noted_churn = gateway.stats().get("lastFanout") if workers == 1 else None
             churned = [w.result(timeout_s=churn_s + 120) for w in churners]
+            in_feed_churn = _in_feed_ms(settings, "Customer", markers[1], produced_churn)
             # The gateway's CPU over the churn (cores; one worker is one core at most).
             churn_cpu = round((gateway.cpu() - churn_cpu0[0])
                               / (time.monotonic() - churn_cpu0[1]), 3)
@@ -367,7 +369,7 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
         if in_feed is not None else None,
         "ws_fanout_feed_to_first_copy_s": round((min(copies) - in_feed) / 1000, 3)
         if in_feed is not None else None,
-        "ws_fanout_gateway_split_s": _gateway_split(noted, in_feed, min(copies)),
+        "ws_fanout_gateway_split_s": _gateway_split(noted, in_feed, min(copies), max(copies)),
         "ws_fanout_changes_last_copy_s": round((max(changes) - produced) / 1000, 3),
         "ws_rss_kb_per_subscription": round((rss_open - rss_before) / opened, 2),
         "ws_rss_kb": {"before": rss_before, "open": rss_open, "churn_before": rss_churn0,
@@ -389,6 +391,14 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
         "ws_fanout_churn_copies": len(churn_copies),
         "ws_fanout_churn_from_event_s": round((max(churn_copies) - produced_churn) / 1000, 3)
         if churn_copies else None,
+        # The same split for the fan-out during the churn, and each tab process's own
+        # first to last copy (the tabs' share: how long each took to read its copies).
+        "ws_fanout_churn_gateway_split_s": _gateway_split(
+            noted_churn, in_feed_churn, min(churn_copies), max(churn_copies))
+        if churn_copies else None,
+        "ws_fanout_churn_per_process_s": [
+            _spread(h["arrivals"][markers[1]]["v"]) if h["arrivals"][markers[1]]["v"] else None
+            for h in held],
         "ws_churn_rss_growth_kb": rss_churn1 - rss_churn0,
         "ws_generator_cpu": round(max(client_cpu) / open_s, 3),
         "ws_generator_cpu_all": [round(c / open_s, 3) for c in client_cpu],
@@ -408,21 +418,28 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
 
 
 def _gateway_split(noted: dict[str, float] | None, in_feed_ms: float | None,
-                   first_ms: float) -> dict[str, float] | None:
+                   first_ms: float, last_ms: float) -> dict[str, float] | None:
     """The gateway's share of the first copy, from its note of the fan-out's batch
     (/subscriptions `lastFanout`): the change feed to its reader (Kafka's delivery),
     the reader to the dispatch's start (the event loop's turn), the dispatch (every
     subscriber's message framed), and its end to the first tab's copy (the writes, which
-    leave at the end of the loop's turn, and the tab's read)."""
+    leave at the end of the loop's turn, and the tab's read). Then the writes' end (when
+    the gateway had written every frame) and from there to the last tab's copy (the
+    tabs' reading)."""
     if not noted or in_feed_ms is None:
         return None
     dispatched = noted["dispatch_started_ms"] + noted["dispatch_ms"]
-    return {"feed_to_reader": round((noted["received_ms"] - in_feed_ms) / 1000, 3),
-            "reader_to_dispatch": round((noted["dispatch_started_ms"]
-                                         - noted["received_ms"]) / 1000, 3),
-            "dispatch": round(noted["dispatch_ms"] / 1000, 3),
-            "dispatch_to_first_copy": round((first_ms - dispatched) / 1000, 3),
-            "messages": noted["delivered"]}
+    split = {"feed_to_reader": round((noted["received_ms"] - in_feed_ms) / 1000, 3),
+             "reader_to_dispatch": round((noted["dispatch_started_ms"]
+                                          - noted["received_ms"]) / 1000, 3),
+             "dispatch": round(noted["dispatch_ms"] / 1000, 3),
+             "dispatch_to_first_copy": round((first_ms - dispatched) / 1000, 3),
+             "messages": noted["delivered"]}
+    written = noted.get("written_ms")
+    if written is not None:
+        split["dispatch_to_written"] = round((written - dispatched) / 1000, 3)
+        split["written_to_last_copy"] = round((last_ms - written) / 1000, 3)
+    return split
 
 
 def _served_per_s(churned: dict[str, Any]) -> float:
