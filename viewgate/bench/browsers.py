@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -204,6 +205,32 @@ def _in_feed_ms(settings: Settings, view: str, marker: str, since_ms: float,
         consumer.close()
 
 
+def _scheduled(pid: int) -> tuple[float, float]:
+    """A process's seconds on a CPU and seconds runnable but waiting for one, so far, over
+    its live threads (/proc/<pid>/task/*/schedstat)."""
+    ran = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except OSError:  # the thread ended while we read
+            continue
+        ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    return ran / 1e9, waited / 1e9
+
+
+def _schedule_over(pids: dict[str, list[int]], before: dict[str, list[tuple[float, float]]],
+                   seconds: float) -> dict[str, dict[str, float]]:
+    """Per kind of process: the cores it ran on and the cores' worth it waited for one
+    since `before` (the busiest process of the kind)."""
+    out = {}
+    for kind, group in pids.items():
+        now = [_scheduled(pid) for pid in group]
+        spans = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(before[kind], now, strict=True)]
+        out[kind] = {"ran": round(max(r for r, _ in spans) / seconds, 3),
+                     "waited": round(max(w for _, w in spans) / seconds, 3)}
+    return out
+
+
 def _spread(values: list[float]) -> float:
     return round((max(values) - min(values)) / 1000, 4)
 
@@ -301,11 +328,19 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             workers_started += churners
             churn_cpu0 = gateway.cpu(), time.monotonic()
             time.sleep(churn_s / 2)
+            # Who had the cores while the change went out (the tabs read their copies on
+            # the same two cores as the gateway, the churning tabs and the engine).
+            sched_pids = {"gateway": pids, "tabs": [w.process.pid for w in holders],
+                          "churning_tabs": [w.process.pid for w in churners],
+                          "engine": [os.getpid()]}
+            sched0 = {k: [_scheduled(p) for p in v] for k, v in sched_pids.items()}
+            sched_t0 = time.monotonic()
             produced_churn = _rename(settings, catalog, rows[hot], markers[1])
             # Counted below: without copies (the engine stopped, say) the figure is None.
             deadline = time.monotonic() + 120
             for event in (r[1] for r in reached):
                 event.wait(max(0.0, deadline - time.monotonic()))
+            churn_schedule = _schedule_over(sched_pids, sched0, time.monotonic() - sched_t0)
             noted_churn = gateway.stats().get("lastFanout") if workers == 1 else None
             churned = [w.result(timeout_s=churn_s + 120) for w in churners]
             in_feed_churn = _in_feed_ms(settings, "Customer", markers[1], produced_churn)
@@ -396,6 +431,7 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
         "ws_fanout_churn_gateway_split_s": _gateway_split(
             noted_churn, in_feed_churn, min(churn_copies), max(churn_copies))
         if churn_copies else None,
+        "ws_fanout_churn_schedule": churn_schedule,
         "ws_fanout_churn_per_process_s": [
             _spread(h["arrivals"][markers[1]]["v"]) if h["arrivals"][markers[1]]["v"] else None
             for h in held],
