@@ -578,8 +578,25 @@ def test_the_first_copy_is_split_at_the_gateways_note_of_its_fanout() -> None:
 
     noted = {"received_ms": 10_100.0, "dispatch_started_ms": 10_150.0, "dispatch_ms": 300.0,
              "delivered": 20_000}
-    split = _gateway_split(noted, 10_000.0, 10_500.0)
+    split = _gateway_split(noted, 10_000.0, 10_500.0, 11_000.0)
     assert split == {"feed_to_reader": 0.1, "reader_to_dispatch": 0.05, "dispatch": 0.3,
                      "dispatch_to_first_copy": 0.05, "messages": 20_000}
-    assert _gateway_split(None, 10_000.0, 10_500.0) is None
-    assert _gateway_split(noted, None, 10_500.0) is None
+    # Once the gateway noted when its frames were written: the writes, then the tabs.
+    written = _gateway_split({**noted, "written_ms": 10_600.0}, 10_000.0, 10_500.0, 11_000.0)
+    assert written == {**split, "dispatch_to_written": 0.15, "written_to_last_copy": 0.4}
+    assert _gateway_split(None, 10_000.0, 10_500.0, 11_000.0) is None
+    assert _gateway_split(noted, None, 10_500.0, 11_000.0) is None
+
+
+def test_the_schedule_says_how_long_a_process_ran_and_waited_for_a_cpu() -> None:
+    import os
+
+    from viewgate.bench.browsers import _schedule_over, _scheduled
+
+    before = _scheduled(os.getpid())
+    sum(range(2_000_000))  # some CPU of this process's own
+    after = _scheduled(os.getpid())
+    assert after[0] > before[0] and after[1] >= before[1] >= 0
+    schedule = _schedule_over({"bench": [os.getpid()]}, {"bench": [before]}, 2.0)
+    assert set(schedule) == {"bench"} and set(schedule["bench"]) == {"ran", "waited"}
+    assert schedule["bench"]["ran"] >= round((after[0] - before[0]) / 2.0, 3)
