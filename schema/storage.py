@@ -556,13 +556,14 @@ def op_zrem(key: str, member: str) -> Op:
 
 
 def apply_batch_args(batch_id: int, generation: int, meta: Mapping[str, Any],
-                     ops: Iterable[Op], outbox: bytes = b"") -> list[str | bytes]:
+                     ops: Iterable[Op] | BatchWrites, outbox: bytes = b"") -> list[str | bytes]:
     """ARGV for APPLY_BATCH_LUA (KEYS is [meta_key(view), outbox_key(view, generation)]).
     Meta values become strings; `outbox` is outbox_value(batch_id, events)."""
     meta_text = {k: v if isinstance(v, str) else orjson.dumps(v).decode()
                  for k, v in meta.items()}
+    writes = ops if isinstance(ops, BatchWrites) else BatchWrites(ops)
     return [str(int(batch_id)), str(int(generation)), orjson.dumps(meta_text).decode(),
-            orjson.dumps(batch_writes(ops)), outbox]
+            orjson.dumps(writes.commands()), outbox]
 
 
 # The order a batch's writes run in: every removal before every addition. A batch never
@@ -572,29 +573,50 @@ def apply_batch_args(batch_id: int, generation: int, meta: Mapping[str, Any],
 _WRITE_ORDER = ("del", "zrem", "hdel", "set", "zadd", "hset")
 
 
-def batch_writes(ops: Iterable[Op]) -> list[list[Any]]:
-    """The ops as APPLY_BATCH_LUA's writes: [command, key, [arguments]], one per command and
-    key (SET and DEL of every key together, as MSET and DEL, with key ""), removals first."""
-    grouped: dict[tuple[str, str], list[Any]] = {}
-    for op in ops:
+class BatchWrites:
+    """A batch's Redis writes as APPLY_BATCH_LUA takes them: [command, key, [arguments]],
+    one per command and key (SET and DEL of every key together, as MSET and DEL, with key
+    ""), removals first. Built write by write, or from Op dicts."""
+
+    def __init__(self, ops: Iterable[Op] = ()) -> None:
+        self._grouped: dict[tuple[str, str], list[Any]] = {}
+        for op in ops:
+            self.add(op)
+
+    def arguments(self, command: str, key: str = "") -> list[Any]:
+        """The arguments of `command` on `key` so far, to append to (a row's SET: the row
+        key and its value; a ZADD: a score and a member)."""
+        found = self._grouped.get((command, key))
+        if found is None:
+            found = self._grouped[command, key] = []
+        return found
+
+    def add(self, op: Op) -> None:
         kind = op["op"]
         if kind == "set":
-            grouped.setdefault(("set", ""), []).extend((op["k"], op["v"]))
+            self.arguments("set").extend((op["k"], op["v"]))
         elif kind == "del":
-            grouped.setdefault(("del", ""), []).append(op["k"])
+            self.arguments("del").append(op["k"])
         elif kind == "zadd":
-            grouped.setdefault(("zadd", op["k"]), []).extend((op["s"], op["m"]))
+            self.arguments("zadd", op["k"]).extend((op["s"], op["m"]))
         elif kind == "zrem":
-            grouped.setdefault(("zrem", op["k"]), []).append(op["m"])
+            self.arguments("zrem", op["k"]).append(op["m"])
         elif kind == "hset":
-            grouped.setdefault(("hset", op["k"]), []).extend((op["f"], op["v"]))
+            self.arguments("hset", op["k"]).extend((op["f"], op["v"]))
         elif kind == "hdel":
-            grouped.setdefault(("hdel", op["k"]), []).append(op["f"])
+            self.arguments("hdel", op["k"]).append(op["f"])
         else:
             raise ValueError(f"unknown Redis write {kind!r}")
-    rank = {kind: i for i, kind in enumerate(_WRITE_ORDER)}
-    return [[kind, key, args] for (kind, key), args
-            in sorted(grouped.items(), key=lambda item: rank[item[0][0]])]
+
+    def commands(self) -> list[list[Any]]:
+        rank = {kind: i for i, kind in enumerate(_WRITE_ORDER)}
+        return [[kind, key, args] for (kind, key), args
+                in sorted(self._grouped.items(), key=lambda item: rank[item[0][0]]) if args]
+
+
+def batch_writes(ops: Iterable[Op]) -> list[list[Any]]:
+    """The ops as APPLY_BATCH_LUA's writes (BatchWrites)."""
+    return BatchWrites(ops).commands()
 
 
 # The gateway's re-warm of rows it read from Delta. It applies only if the fence is still

@@ -13,6 +13,7 @@ from schema.redis_client import is_cluster, queue_script
 from schema.storage import (
     APPLY_BATCH_LUA,
     META_LATE_EVENTS,
+    BatchWrites,
     ChangeEvent,
     Op,
     apply_batch_args,
@@ -25,10 +26,6 @@ from schema.storage import (
     index_key,
     iso_utc,
     meta_key,
-    op_del,
-    op_set,
-    op_zadd,
-    op_zrem,
     outbox_events,
     outbox_key,
     row_key,
@@ -128,22 +125,25 @@ class RedisSink:
         change events) is stored with the rows, atomically, and so are `extra_ops` (an
         aggregate view's states). Given a pipeline as `client`, the apply is queued on it
         and its answer comes with the pipeline's."""
-        ops = list(extra_ops)
+        writes = BatchWrites(extra_ops)
+        sets, deleted = writes.arguments("set"), writes.arguments("del")
         for key, row in upserts.items():
-            ops.append(op_set(row_key(self.view.name, generation, key), encode_row(row)))
+            sets += (row_key(self.view.name, generation, key), encode_row(row).decode())
             stored = old_rows.get(key)
             changed = self._changed_indexed(stored, row)
             if not changed:
                 continue
             old = self._index_entries(stored, key, generation, changed)
             new = self._index_entries(row, key, generation, changed)
-            ops += [op_zrem(k, m) for k, _, m in old - new]
-            ops += [op_zadd(k, s, m) for k, s, m in new - old]
+            for index, _, member in old - new:
+                writes.arguments("zrem", index).append(member)
+            for index, score, member in new - old:
+                writes.arguments("zadd", index).extend((score, member))
         for key in deletes:
-            ops.append(op_del(row_key(self.view.name, generation, key)))
-            old = self._index_entries(old_rows.get(key), key, generation)
-            ops += [op_zrem(k, m) for k, _, m in old]
-        args = apply_batch_args(batch_id, generation, meta, ops, outbox)
+            deleted.append(row_key(self.view.name, generation, key))
+            for index, _, member in self._index_entries(old_rows.get(key), key, generation):
+                writes.arguments("zrem", index).append(member)
+        args = apply_batch_args(batch_id, generation, meta, writes, outbox)
         keys = [meta_key(self.view.name), outbox_key(self.view.name, generation)]
         if client is not None:
             queue_script(client, self.apply_script, keys, args)
