@@ -217,7 +217,12 @@ def test_the_fanout_notes_a_batch_delivering_many_messages_and_not_a_small_one()
     async def dispatched_and_written() -> None:
         await fanout.dispatch([FeedEvent("Customer", 1, _event(None, _row("silver"), 2))])
         assert "written_ms" not in fanout.stats.last_fanout  # the writes leave after it
-        await asyncio.sleep(0)  # one turn of the loop: the writes queued by the dispatch
+        # The loop runs its callbacks in the order they were queued: once one queued now has
+        # run, so has the note the dispatch queued behind its writes.
+        loop = asyncio.get_running_loop()
+        turn = loop.create_future()
+        loop.call_soon(turn.set_result, None)
+        await turn
     asyncio.run(dispatched_and_written())
     noted = fanout.stats.last_fanout
     assert noted is not None and noted["delivered"] == FANOUT_NOTED
