@@ -27,7 +27,7 @@ import pyspark
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from engine.lineage import Lineage, lineage_of_plan
+from engine.lineage import Lineage, lineage_of_plan, plan_json
 
 # The session's conf that names the cache's folder; unset, nothing is kept on disk.
 ANALYSIS_CACHE_CONF = "spark.viewgate.analysisCache"
@@ -69,20 +69,20 @@ def analysed(spark: SparkSession, sql: str, inputs: Mapping[str, StructType | st
             for name, schema in inputs.items():
                 spark.createDataFrame([], schema).createOrReplaceTempView(name)
             frame = spark.sql(sql)
-            found = Analysed(frame.schema, frame._jdf.queryExecution().analyzed().toJSON())
+            found = Analysed(frame.schema, plan_json(frame))
         if folder is not None:
             _write(folder, digest, found)
     _answers[digest] = found
     return found
 
 
+_SOURCE = "__vg_source"  # the temp view struct_of names a source's schema by
+
+
 def struct_of(spark: SparkSession, ddl: str) -> StructType:
     """A source's schema (DDL text) as Spark's StructType, as Spark parses it: a Spark
     call that costs a cold JVM a quarter of a second per source, kept like an analysis."""
     return analysed(spark, f"SELECT * FROM {_SOURCE}", {_SOURCE: ddl}).schema
-
-
-_SOURCE = "__vg_source"
 
 
 def _digest(sql: str, inputs: Mapping[str, StructType | str]) -> str:

@@ -209,7 +209,13 @@ def _equi_join(walk: _Walk, columns: Mapping[int, Column]) -> EquiJoin | None:
     return EquiJoin(kind, columns[left], columns[right])
 
 
+def plan_json(frame: Any) -> str:
+    """A DataFrame's analyzed plan as lineage_of_plan reads it."""
+    return frame._jdf.queryExecution().analyzed().toJSON()
+
+
 def lineage(spark: Any, sql: str) -> Lineage:
     """The lineage of `sql` over the temporary views registered in `spark` (the engine
-    registers each input as a temp view named as the SQL reads it)."""
-    return lineage_of_plan(spark.sql(sql)._jdf.queryExecution().analyzed().toJSON())
+    registers each input as a temp view named as the SQL reads it; engine.analyzer keeps
+    the analyses it makes across starts)."""
+    return lineage_of_plan(plan_json(spark.sql(sql)))
