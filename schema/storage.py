@@ -415,14 +415,14 @@ def _text(value: Any) -> str:
 
 # The engine's atomic, fenced apply of one batch. Redis runs a script atomically, but does
 # not roll back on an error, so every write is checked before the first one. The writes
-# come grouped into commands of many arguments (batch_writes): a call per write cost a
-# batch of 15,000 orders (75,000 writes) 280-490 ms in Redis, most of it the calls and the
+# come grouped into commands of many arguments (BatchWrites): a call per write cost a
+# batch of 15,000 orders (75,000 writes) 347-596 ms in Redis, most of it the calls and the
 # decoding of one JSON object per write.
 APPLY_BATCH_LUA = r"""
 -- KEYS[1] meta hash; KEYS[2] (optional) the generation's change-event outbox;
 -- ARGV[1] batch id; ARGV[2] generation;
 -- ARGV[3] JSON object of meta fields (string values); ARGV[4] JSON list of writes, each
--- [command, key, [arguments]] (see batch_writes); ARGV[5] the batch's serialized change
+-- [command, key, [arguments]] (see BatchWrites); ARGV[5] the batch's serialized change
 -- events (see outbox_value).
 local meta = KEYS[1]
 local batch = tonumber(ARGV[1])
@@ -570,7 +570,13 @@ def apply_batch_args(batch_id: int, generation: int, meta: Mapping[str, Any],
 # adds what it removes but to replace it: an index entry moved to a new score (ZREM, then
 # ZADD of the same member), an aggregate's states dropped and written anew (DEL of the
 # hash, then HSET); a row key is written or deleted, never both.
-_WRITE_ORDER = ("del", "zrem", "hdel", "set", "zadd", "hset")
+_WRITE_RANK = {kind: rank for rank, kind in enumerate(("del", "zrem", "hdel", "set", "zadd",
+                                                        "hset"))}
+# Each Op's key field (None: SET and DEL, whose keys are among the arguments) and the fields
+# that become its command's arguments.
+_OP_FIELDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "set": (None, ("k", "v")), "del": (None, ("k",)), "zadd": ("k", ("s", "m")),
+    "zrem": ("k", ("m",)), "hset": ("k", ("f", "v")), "hdel": ("k", ("f",))}
 
 
 class BatchWrites:
@@ -593,30 +599,17 @@ class BatchWrites:
 
     def add(self, op: Op) -> None:
         kind = op["op"]
-        if kind == "set":
-            self.arguments("set").extend((op["k"], op["v"]))
-        elif kind == "del":
-            self.arguments("del").append(op["k"])
-        elif kind == "zadd":
-            self.arguments("zadd", op["k"]).extend((op["s"], op["m"]))
-        elif kind == "zrem":
-            self.arguments("zrem", op["k"]).append(op["m"])
-        elif kind == "hset":
-            self.arguments("hset", op["k"]).extend((op["f"], op["v"]))
-        elif kind == "hdel":
-            self.arguments("hdel", op["k"]).append(op["f"])
-        else:
+        if kind not in _OP_FIELDS:
             raise ValueError(f"unknown Redis write {kind!r}")
+        key_field, fields = _OP_FIELDS[kind]
+        self.arguments(kind, "" if key_field is None else op[key_field]).extend(
+            op[f] for f in fields)
 
     def commands(self) -> list[list[Any]]:
-        rank = {kind: i for i, kind in enumerate(_WRITE_ORDER)}
+        """ARGV[4]'s writes, removals first (see _WRITE_RANK)."""
         return [[kind, key, args] for (kind, key), args
-                in sorted(self._grouped.items(), key=lambda item: rank[item[0][0]]) if args]
-
-
-def batch_writes(ops: Iterable[Op]) -> list[list[Any]]:
-    """The ops as APPLY_BATCH_LUA's writes (BatchWrites)."""
-    return BatchWrites(ops).commands()
+                in sorted(self._grouped.items(), key=lambda item: _WRITE_RANK[item[0][0]])
+                if args]
 
 
 # The gateway's re-warm of rows it read from Delta. It applies only if the fence is still

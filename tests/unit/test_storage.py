@@ -14,10 +14,10 @@ from schema.demo import CATALOG
 from schema.storage import (
     APPLY_BATCH_LUA,
     CHANGE_EVENT_FORMAT,
+    BatchWrites,
     ChangeEvent,
     ViewMeta,
     apply_batch_args,
-    batch_writes,
     change_op,
     changefeed_topic,
     current_generation_path,
@@ -225,7 +225,7 @@ def test_batch_writes_group_by_command_and_key_removals_first() -> None:
            op_set("r:2", "b"), op_zadd("i:amount", 3.0, "2"), op_zadd("i:status", 0, "x\x001"),
            op_del("r:3"), op_zrem("i:amount", "3"), op_del("state"), op_hset("state", "1", "s"),
            op_hdel("state", "2")]
-    assert batch_writes(ops) == [
+    assert BatchWrites(ops).commands() == [
         ["del", "", ["r:3", "state"]],
         ["zrem", "i:amount", ["1", "3"]],
         ["hdel", "state", ["2"]],
@@ -235,7 +235,7 @@ def test_batch_writes_group_by_command_and_key_removals_first() -> None:
         ["hset", "state", ["1", "s"]],
     ]
     with pytest.raises(ValueError, match="unknown Redis write"):
-        batch_writes([{"op": "expire", "k": "r:1"}])
+        BatchWrites([{"op": "expire", "k": "r:1"}])
 
 
 def test_lua_script_is_balanced() -> None:
