@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from engine.incremental import json_value
+from schema.arrow_rows import arrow_rows
 from schema.catalog import View, graphql_fields
 from schema.delta_read import live_rows, plain_schema, values_filter
 from schema.redis_client import connect as connect_redis
@@ -79,8 +80,8 @@ def _matching(data: pa.Table, column: str, wanted: set[Any]) -> Iterable[Row]:
         found = pc.is_in(data[column], value_set=texts)
         if None in wanted:
             found = pc.or_(found, pc.is_null(data[column]))
-        return data.filter(found).to_pylist()
-    return (row for row in data.to_pylist() if json_value(row[column]) in wanted)
+        return arrow_rows(data.filter(found))
+    return (row for row in arrow_rows(data) if json_value(row[column]) in wanted)
 
 
 def redis_serves(view: View, column: str) -> bool:

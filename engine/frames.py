@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType, TimestampType
 
+from schema.arrow_rows import arrow_rows
 from schema.storage import iso_utc
 
 Row = dict[str, Any]
@@ -67,7 +68,7 @@ def rows_of(frame: DataFrame, rows_in: int | None = None) -> list[Row]:
     if rows_in is not None and rows_in < COLLECT_BELOW:
         return _collected(frame)
     try:
-        return frame.toArrow().to_pylist()
+        return arrow_rows(frame.toArrow())
     except UnicodeDecodeError:
         return _collected(frame)
 

@@ -72,7 +72,13 @@ from engine.malloc import FreeMemoryTrim
 from engine.metrics import observe_graph_steps, observe_rows_changed, observe_stream
 from engine.projected_join import ProjectedJoin
 from engine.sinks.redis_sink import Before
-from engine.sources import classify_sources, read_kafka, source_columns, value_column
+from engine.sources import (
+    CORRUPT,
+    classify_sources,
+    read_kafka,
+    source_columns,
+    value_column,
+)
 from engine.stream_aggregates import META_MAX_EVENT_TIME, Seen, StreamAggregate, StreamBatch
 from engine.threads import started_threads
 from engine.views import register_query_views, scheduler_pool
@@ -223,6 +229,7 @@ class GraphBatch:
         self.compute_threads = started_threads(len(self.views), "graph-view")
         self.delta_threads = started_threads(len(self.views), "graph-delta")
         self.redis = connect_redis(settings.redis_url)  # the graph's applies and marks
+        self._value_layout: list[bool] | None = None  # per source, learnt by _read
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
                                      fence=f"{s.name}/graph{self.generation}")
@@ -385,22 +392,33 @@ class GraphBatch:
     def _read(self, batch: DataFrame) -> dict[str, _Records]:
         """The batch's records per source, in one Spark job."""
         records = {s.name: _Records({}, []) for s in self.sources}
-        by_topic = {s.topic: (i, s) for i, s in enumerate(self.sources)}
-        columns = {s.name: source_columns(s) for s in self.sources}
         streamed = {self.catalog.view(v).source for v in self.streams}
+        # Per topic: where its records go, the column holding their parsed value, and
+        # the source's columns, which that struct holds in the same order besides Spark's
+        # corrupt-record field (then the struct, made for this batch, is the event).
+        if self._value_layout is None:  # the query's schema: one py4j call, once
+            self._value_layout = [
+                [f for f in batch.schema[value_column(i)].dataType.fieldNames() if f != CORRUPT]
+                == source_columns(source) for i, source in enumerate(self.sources)]
+        by_topic = {source.topic: (records[source.name], value_column(i), source_columns(source),
+                                   self._value_layout[i], source.name in streamed)
+                    for i, source in enumerate(self.sources)}
         for row in rows_of(batch):
-            index, source = by_topic[row["_topic"]]
-            into = records[source.name]
+            into, column, wanted, same, stream = by_topic[row["_topic"]]
             if row["_error"] is not None:
                 into.bad.append(row)
             elif row["_tombstone"]:
                 into.latest[row["_kafka_key"]] = None
             else:
-                value = row[value_column(index)]
-                event = {c: value[c] for c in columns[source.name]}
+                value = row[column]
+                if same:
+                    value.pop(CORRUPT, None)
+                    event = value
+                else:
+                    event = {c: value[c] for c in wanted}
                 # A key lives in one partition, in order: the last record wins.
                 into.latest[row["_kafka_key"]] = event
-                if source.name in streamed:
+                if stream:
                     into.events.append(event)
         return records
 

@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 from engine import maintenance
 from engine.maintenance import MaintenanceResult, history_seconds
 from engine.sinks.dv_merge import DeletionVectorMerge, supports_deletion_vectors
+from schema.arrow_rows import arrow_rows
 from schema.catalog import View
 from schema.delta_read import live_rows, plain_schema, values_filter
 from schema.storage import commit_batch_id, decode_row, encode_row, key_of, parse_key
@@ -132,7 +133,7 @@ class DeltaSink:
                                               {parse_key(self.view, k)[0] for k in keys}))
         wanted = set(keys)
         found = {}
-        for row in data.to_pylist():
+        for row in arrow_rows(data):
             key = key_of(row, self.view.key)
             if key in wanted:
                 found[key] = decode_row(encode_row(row))

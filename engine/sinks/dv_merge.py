@@ -38,6 +38,7 @@ from pyroaring import BitMap
 from engine.sinks import deletion_vectors as dv
 from engine.sinks.delta_log import ActiveFiles, commit
 from engine.sinks.key_index import KeyIndex, encode_keys
+from schema.arrow_rows import arrow_rows
 from schema.delta_read import plain_schema
 from schema.object_store import filesystem, read_bytes
 from schema.storage import key_of
@@ -208,8 +209,8 @@ class DeletionVectorMerge:
                 unknown.setdefault(live[keys[i]][0], []).append(i)
         for path, indexes in unknown.items():
             fs, file = filesystem(f"{self.root}/{path}")
-            stored = pq.read_table(file, filesystem=fs, schema=schema).take(
-                [live[keys[i]][1] for i in indexes]).to_pylist()
+            stored = arrow_rows(pq.read_table(file, filesystem=fs, schema=schema).take(
+                [live[keys[i]][1] for i in indexes]))
             for i, row in zip(indexes, stored, strict=True):
                 rows[i] = row
         return pa.Table.from_pylist(rows, schema=schema)

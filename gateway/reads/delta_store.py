@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from gateway.reads.filters import Condition, QueryError
+from schema.arrow_rows import arrow_rows
 from schema.catalog import View
 from schema.delta_read import live_rows, plain_schema, values_filter
 from schema.storage import (
@@ -168,7 +169,7 @@ class DeltaStore:
         # Filtered after the read: deletion vectors apply by row position, before any filter.
         if expression is not None:
             data = data.filter(expression)
-        rows = [orjson.loads(encode_row(r)) for r in data.to_pylist()]
+        rows = [orjson.loads(encode_row(r)) for r in arrow_rows(data)]
         if keys is not None:
             wanted = set(keys)
             rows = [r for r in rows if key_of(r, view.key) in wanted]
