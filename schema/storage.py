@@ -109,6 +109,10 @@ def key_of(row: Mapping[str, Any], key_cols: Sequence[str]) -> str:
     One column: its string form ("42", "2024-01-01T00:00:00Z"). Several: a compact JSON
     array, so a value containing a separator can never be mistaken for two values.
     """
+    if len(key_cols) == 1:
+        value = row[key_cols[0]]
+        if type(value) is str:  # most keys: the text itself (called for every row a batch writes)
+            return value
     parts = [_key_part(row[c]) for c in key_cols]
     if len(parts) == 1:
         part = parts[0]
