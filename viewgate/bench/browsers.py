@@ -435,6 +435,11 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
         "ws_fanout_churn_per_process_s": [
             _spread(h["arrivals"][markers[1]]["v"]) if h["arrivals"][markers[1]]["v"] else None
             for h in held],
+        # The load generator's own cost of a message: each tab process's CPU from its first
+        # to its last copy of a fan-out, per copy (microseconds).
+        "ws_tab_cpu_us_per_copy": {
+            "fanout": [h["copy_cpu_us"][markers[0]] for h in held],
+            "churn": [h["copy_cpu_us"][markers[1]] for h in held]},
         "ws_churn_rss_growth_kb": rss_churn1 - rss_churn0,
         "ws_generator_cpu": round(max(client_cpu) / open_s, 3),
         "ws_generator_cpu_all": [round(c / open_s, 3) for c in client_cpu],
