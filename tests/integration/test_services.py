@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from confluent_kafka import Consumer, Producer
 from deltalake import DeltaTable
@@ -105,3 +106,29 @@ def test_redis_async_round_trip(settings, unique):
     assert single == b"1"
     assert many == [b"1", b"2", None]
     assert counter == 2
+
+
+def test_a_cluster_node_whose_bus_port_was_taken_starts_on_another(tmp_path, monkeypatch):
+    import socket
+
+    from viewgate.stack import redis_cluster
+    from viewgate.stack.process import free_port
+    from viewgate.stack.redis_server import RedisServer
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    ports = iter([busy])
+    monkeypatch.setattr(redis_cluster, "free_port", lambda: next(ports, None) or free_port())
+    node = RedisServer(tmp_path / "node", free_port(), cluster_bus_port=busy)
+    servers = redis_cluster.RedisClusterServers.__new__(redis_cluster.RedisClusterServers)
+    try:
+        servers._start_node(node, timeout_s=30)
+        assert node.cluster_bus_port != busy
+        assert node.healthy()
+        with redis.Redis(port=node.port) as client:
+            assert client.config_get("cluster-port")["cluster-port"] == str(node.cluster_bus_port)
+    finally:
+        node.stop()
+        taken.close()

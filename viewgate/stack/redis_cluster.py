@@ -15,6 +15,7 @@ from viewgate.stack.process import free_port, wait_until
 from viewgate.stack.redis_server import RedisServer
 
 HOST = "127.0.0.1"
+BUS_PORT_TRIES = 3
 
 
 @dataclass
@@ -25,7 +26,8 @@ class RedisClusterServers:
     nodes: list[RedisServer] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        # Ports are chosen now, so the URL is known before the nodes start.
+        # Client ports are chosen now, so the URL is known before the nodes start; each
+        # bus port again when its node starts (_start_node).
         self.nodes = [RedisServer(self.data_dir / f"node{i}", free_port(),
                                   cluster_bus_port=free_port())
                       for i in range(self.masters * (1 + self.replicas_per_master))]
@@ -38,12 +40,28 @@ class RedisClusterServers:
     def start(self, timeout_s: float = 60.0) -> RedisClusterServers:
         try:
             for node in self.nodes:
-                node.start(timeout_s=timeout_s)
+                self._start_node(node, timeout_s)
             self._create(timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_node(self, node: RedisServer, timeout_s: float) -> None:
+        """Start `node` with a cluster bus port chosen just now, and chosen again if
+        something bound it first: a free port is free only until someone binds it, and the
+        services started before the nodes (Kafka's brokers) open connections from the same
+        range of ports (a CI run lost a node so)."""
+        for attempt in range(BUS_PORT_TRIES):
+            node.cluster_bus_port = free_port()
+            try:
+                node.start(timeout_s=timeout_s)
+                return
+            except StackError as exc:
+                if attempt == BUS_PORT_TRIES - 1 or "Address already in use" not in str(exc):
+                    raise
+                # The failed start may have written the node's config with that port.
+                (node.data_dir / "nodes.conf").unlink(missing_ok=True)
 
     def _create(self, timeout_s: float) -> None:
         cli = shutil.which("redis-cli")
