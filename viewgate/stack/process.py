@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +29,35 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# free_port chooses below the kernel's ephemeral range: a port chosen now and bound later
+# by a service must not be taken meanwhile by an outgoing connection, which gets its local
+# port from that range (a clean-clone run lost a Redis Cluster node to one).
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_BELOW_EPHEMERAL = 12_000  # how many ports under the range to choose from
+_handed_out: set[int] = set()  # never the same port twice in one process
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that nothing has bound, below the ephemeral range when there is
+    room there (else one the kernel picks)."""
+    low = _ephemeral_low()
+    start = max(1024, low - _BELOW_EPHEMERAL)
+    if low - start >= 1000:
+        for _ in range(100):
+            port = random.randrange(start, low)
+            if port not in _handed_out and not port_in_use(port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
