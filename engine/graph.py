@@ -229,7 +229,7 @@ class GraphBatch:
         self.compute_threads = started_threads(len(self.views), "graph-view")
         self.delta_threads = started_threads(len(self.views), "graph-delta")
         self.redis = connect_redis(settings.redis_url)  # the graph's applies and marks
-        self._value_layout: list[bool] | None = None  # per source, learnt by _read
+        self._layout: dict[str, tuple[str, str, list[str], bool, bool]] | None = None
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
                                      fence=f"{s.name}/graph{self.generation}")
@@ -392,17 +392,9 @@ class GraphBatch:
     def _read(self, batch: DataFrame) -> dict[str, _Records]:
         """The batch's records per source, in one Spark job."""
         records = {s.name: _Records({}, []) for s in self.sources}
-        streamed = {self.catalog.view(v).source for v in self.streams}
-        # Per topic: where its records go, the column holding their parsed value, and
-        # the source's columns, which that struct holds in the same order besides Spark's
-        # corrupt-record field (then the struct, made for this batch, is the event).
-        if self._value_layout is None:  # the query's schema: one py4j call, once
-            self._value_layout = [
-                [f for f in batch.schema[value_column(i)].dataType.fieldNames() if f != CORRUPT]
-                == source_columns(source) for i, source in enumerate(self.sources)]
-        by_topic = {source.topic: (records[source.name], value_column(i), source_columns(source),
-                                   self._value_layout[i], source.name in streamed)
-                    for i, source in enumerate(self.sources)}
+        if self._layout is None:  # the query's schema: one py4j call, once
+            self._layout = self._value_layout(batch)
+        by_topic = {topic: (records[name], *rest) for topic, (name, *rest) in self._layout.items()}
         for row in rows_of(batch):
             into, column, wanted, same, stream = by_topic[row["_topic"]]
             if row["_error"] is not None:
@@ -421,6 +413,21 @@ class GraphBatch:
                 if stream:
                     into.events.append(event)
         return records
+
+    def _value_layout(self, batch: DataFrame) -> dict[str, tuple[str, str, list[str], bool, bool]]:
+        """Per topic: its source, the column holding its records' parsed value, the
+        source's columns, whether that struct holds exactly them in order besides Spark's
+        corrupt-record field (then the struct, made for the batch, is the event), and
+        whether a stream aggregate reads the source's events."""
+        streamed = {self.catalog.view(v).source for v in self.streams}
+        layout = {}
+        for i, source in enumerate(self.sources):
+            column, wanted = value_column(i), source_columns(source)
+            parsed = batch.schema[column].dataType.fieldNames()
+            layout[source.topic] = (source.name, column, wanted,
+                                    [f for f in parsed if f != CORRUPT] == wanted,
+                                    source.name in streamed)
+        return layout
 
     def _upsert(self, view: View, latest: Mapping[str, dict[str, Any] | None]
                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

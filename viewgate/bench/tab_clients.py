@@ -502,14 +502,6 @@ async def open_tab(url: str, compression: str | None, open_timeout_s: float = 12
         raise TabFailed(f"expected connection_ack, got {message}")
 
 
-def _checked(message: dict[str, Any]) -> str | None:
-    """The operation id of a `next`; an error raises; other messages give None."""
-    kind = message["type"]
-    if kind == "error" or (kind == "next" and message["payload"].get("errors")):
-        raise TabFailed(f"subscription {message.get('id')}: {message.get('payload')}")
-    return message.get("id") if kind == "next" else None
-
-
 def churn_tabs(url: str, rate: float, seconds: float, hot: str, keys: Sequence[str],
                hold_s: float, compression: str | None) -> dict[str, Any]:
     """Tabs coming and going: `rate` new tabs a second for `seconds`, each subscribing as
@@ -543,10 +535,10 @@ def churn_tabs(url: str, rate: float, seconds: float, hot: str, keys: Sequence[s
                 seen: set[str] = set()
                 async with asyncio.timeout(30):
                     while not {"v", "l"} <= seen:
-                        message = orjson.loads(await ws.recv())
-                        op = _checked(message)
-                        if op is not None:
-                            seen.add(op)
+                        raw = await ws.recv()
+                        kind, op = classify(raw.encode() if isinstance(raw, str) else raw)
+                        if kind == "next":
+                            seen.add(op)  # type: ignore[arg-type]
                 first_ms.append((time.monotonic() - began) * 1000)
                 done = time.monotonic() - started
                 served[:] = [min(served[0], done), max(served[1], done)] if served \
