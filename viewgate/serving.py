@@ -23,6 +23,11 @@ MAX_HEAD_BYTES = 64 * 1024
 WEBSOCKETS = "viewgate.websocket_protocol:GatewayWebSocketProtocol"
 
 
+# uvicorn's httptools protocol, leaving no cycle behind when it upgrades a connection to a
+# websocket (viewgate.http_protocol).
+HTTP = "viewgate.http_protocol:GatewayHttpToolsProtocol"
+
+
 # With several workers, uvicorn's supervisor asks each worker for a sign of life and kills
 # (then replaces) one that does not answer within --timeout-worker-healthcheck, 5 s by
 # default: a worker busy with thousands of websockets opening at once on a loaded machine
@@ -32,6 +37,7 @@ WORKER_HEALTHCHECK_S = 60
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
+        "http": HTTP,
         "ws": WEBSOCKETS,
         # A bigger websocket message closes its connection (1009) unread.
         "ws_max_size": settings.gateway_max_body_bytes,

@@ -600,3 +600,95 @@ def test_the_schedule_says_how_long_a_process_ran_and_waited_for_a_cpu() -> None
     schedule = _schedule_over({"bench": [os.getpid()]}, {"bench": [before]}, 2.0)
     assert set(schedule) == {"bench"} and set(schedule["bench"]) == {"ran", "waited"}
     assert schedule["bench"]["ran"] >= round((after[0] - before[0]) / 2.0, 3)
+
+
+def test_closed_websockets_leave_nothing_to_the_cycle_collector() -> None:
+    """Tabs opened through uvicorn as the gateway serves them (its HTTP and websocket
+    protocols, viewgate.serving), subscribed and closed, are freed by reference counting:
+    the gateway's collector rarely runs a full pass (gateway.app.GC_THRESHOLDS), and every
+    cycle a closed tab leaves stays until one does (uvicorn's HTTP protocol that upgraded
+    the connection did: its transport, socket and flow control with it)."""
+    import uvicorn
+    from websockets.asyncio.client import connect
+
+    from gateway.subscriptions.sources import LiveSource
+    from gateway.subscriptions.subscribers import SubscriberIndex
+    from schema.settings import Settings
+    from viewgate.serving import uvicorn_options
+
+    index = SubscriberIndex({"Customer": {}})
+
+    @strawberry.type
+    class Query:
+        @strawberry.field
+        def ping(self) -> str:
+            return "pong"
+
+    @strawberry.type
+    class Subscription:
+        @strawberry.subscription
+        async def ticks(self, key: str) -> AsyncIterator[Tick]:  # type: ignore[misc]
+            sub = Subscriber(10, lambda _: None)
+            index.add_key("Customer", key, sub)
+            return LiveSource(sub)  # type: ignore[return-value]
+
+    from strawberry.extensions import ParserCache, ValidationCache
+
+    from gateway.subscriptions.shared_results import SharedResultsExecutor
+    schema = strawberry.Schema(query=Query, subscription=Subscription,  # as the gateway's
+                               extensions=[ParserCache, ValidationCache],
+                               execution_context_class=SharedResultsExecutor)
+    view = GraphQLWebSocket(schema, Settings())
+    options = uvicorn_options(Settings())
+
+    async def until(done, what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not done():
+            assert asyncio.get_running_loop().time() < deadline, what
+            await asyncio.sleep(0.01)
+
+    async def tab(port: int, key: str) -> None:
+        async with connect(f"ws://127.0.0.1:{port}/graphql", compression="deflate",
+                           subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+            await ws.send('{"type":"connection_init"}')
+            assert orjson.loads(await ws.recv())["type"] == "connection_ack"
+            for op in ("a", "b", "c"):
+                await ws.send(orjson.dumps({"id": op, "type": "subscribe", "payload": {
+                    "query": TICKS, "variables": {"k": key}}}).decode())
+            await ws.send('{"type":"ping"}')  # answered once the subscriptions started
+            assert orjson.loads(await ws.recv())["type"] == "pong"
+
+    def ours(kind: type) -> bool:
+        module = kind.__module__.split(".")[0]
+        return module in ("uvicorn", "httptools", "viewgate", "gateway", "strawberry") \
+            or "Transport" in kind.__name__ or kind.__name__ == "ServerProtocol"
+
+    async def main() -> list[str]:
+        config = uvicorn.Config(view, port=0, http=options["http"], ws=options["ws"],
+                                lifespan="off", log_level="warning")
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve())
+        await until(lambda: server.started, "uvicorn started")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        await tab(port, "warm-up")  # what a first connection builds once (caches)
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            await asyncio.gather(*(tab(port, f"C{i}") for i in range(20)))
+            await until(lambda: view.open_connections == 0
+                        and not index.views["Customer"].by_key, "the tabs closed")
+            gc.collect()
+            left = sorted({type(o).__qualname__ for o in gc.garbage if ours(type(o))})
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+            server.should_exit = True
+            await serving
+        return left
+
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # as the gateway runs
+        assert runner.run(main()) == []

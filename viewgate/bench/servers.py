@@ -85,8 +85,8 @@ def uvicorn_args(factory: str, port: int, settings: Settings | None = None) -> l
             *(uvicorn_flags(settings) if settings is not None else [])]
     if importlib.util.find_spec("uvloop"):
         args += ["--loop", "uvloop"]
-    if importlib.util.find_spec("httptools"):
-        args += ["--http", "httptools"]
+    if settings is None and importlib.util.find_spec("httptools"):
+        args += ["--http", "httptools"]  # the gateway's flags name its own (viewgate.serving)
     return args
 
 
