@@ -676,7 +676,7 @@ def test_closed_websockets_leave_nothing_to_the_cycle_collector() -> None:
         gc.set_debug(gc.DEBUG_SAVEALL)
         try:
             await asyncio.gather(*(tab(port, f"C{i}") for i in range(20)))
-            await until(lambda: view.open_connections == 0
+            await until(lambda: view.open_connections == 0 and not server.server_state.connections
                         and not index.views["Customer"].by_key, "the tabs closed")
             gc.collect()
             left = sorted({type(o).__qualname__ for o in gc.garbage if ours(type(o))})
@@ -692,3 +692,46 @@ def test_closed_websockets_leave_nothing_to_the_cycle_collector() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # as the gateway runs
         assert runner.run(main()) == []
+
+
+def test_a_lost_websocket_protocol_is_freed_without_the_cycle_collector() -> None:
+    """The `websockets` protocol of a tab gone (and the one uvicorn builds and the gateway
+    replaces) is freed by reference counting: its parser generator refers back to it."""
+    import weakref
+
+    from fake_transport import Transport
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+    from websockets.server import ServerProtocol
+
+    from viewgate.websocket_protocol import GatewayWebSocketProtocol
+
+    built: list[weakref.ref] = []
+    original = ServerProtocol.__init__
+
+    def recording(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        built.append(weakref.ref(self))
+
+    async def app(scope, receive, send) -> None:  # pragma: no cover - never connected
+        await receive()
+
+    async def main() -> list[bool]:
+        config = Config(app=app, interface="asgi3", ws_per_message_deflate=True,
+                        lifespan="off")
+        config.load()
+        protocol = GatewayWebSocketProtocol(config, ServerState(), {})
+        protocol.connection_made(Transport())  # type: ignore[arg-type]
+        protocol.connection_lost(None)
+        del protocol
+        return [ref() is None for ref in built]
+
+    gc.collect()
+    gc.disable()
+    ServerProtocol.__init__ = recording  # type: ignore[method-assign]
+    try:
+        freed = asyncio.run(main())
+    finally:
+        ServerProtocol.__init__ = original  # type: ignore[method-assign]
+        gc.enable()
+    assert freed == [True, True]
