@@ -229,6 +229,23 @@ class Tick:
     name: str
 
 
+def _ticks_schema(start):
+    """A Query with `ping` and a Subscription `ticks(key)` whose source `start(key)` makes."""
+
+    @strawberry.type
+    class Query:
+        @strawberry.field
+        def ping(self) -> str:
+            return "pong"
+
+    @strawberry.type
+    class Subscription:
+        @strawberry.subscription
+        async def ticks(self, key: str) -> AsyncIterator[Tick]:  # type: ignore[misc]
+            return start(key)
+    return {"query": Query, "subscription": Subscription}
+
+
 def _failing_source():
     from gateway.subscriptions.sources import LiveSource
 
@@ -262,23 +279,13 @@ def _live_app():
     Failing = _failing_source()
     Replaying = _replaying_source()
 
-    @strawberry.type
-    class Query:
-        @strawberry.field
-        def ping(self) -> str:
-            return "pong"
+    def ticks(key: str) -> LiveSource:
+        sub = Subscriber(10, lambda _: None)
+        subscribers.append(sub)
+        sub.unregister = lambda: subscribers.remove(sub)
+        return {"boom": Failing, "replay": Replaying}.get(key, LiveSource)(sub)
 
-    @strawberry.type
-    class Subscription:
-        @strawberry.subscription
-        async def ticks(self, key: str) -> AsyncIterator[Tick]:  # type: ignore[misc]
-            sub = Subscriber(10, lambda _: None)
-            subscribers.append(sub)
-            sub.unregister = lambda: subscribers.remove(sub)
-            source = {"boom": Failing, "replay": Replaying}.get(key, LiveSource)
-            return source(sub)  # type: ignore[return-value]
-
-    schema = strawberry.Schema(query=Query, subscription=Subscription,
+    schema = strawberry.Schema(**_ticks_schema(ticks),
                                execution_context_class=SharedResultsExecutor)
     view = GraphQLWebSocket(schema, Settings())
     app = Starlette(routes=[WebSocketRoute("/graphql", view)])
@@ -618,24 +625,15 @@ def test_closed_websockets_leave_nothing_to_the_cycle_collector() -> None:
 
     index = SubscriberIndex({"Customer": {}})
 
-    @strawberry.type
-    class Query:
-        @strawberry.field
-        def ping(self) -> str:
-            return "pong"
-
-    @strawberry.type
-    class Subscription:
-        @strawberry.subscription
-        async def ticks(self, key: str) -> AsyncIterator[Tick]:  # type: ignore[misc]
-            sub = Subscriber(10, lambda _: None)
-            index.add_key("Customer", key, sub)
-            return LiveSource(sub)  # type: ignore[return-value]
+    def ticks(key: str) -> LiveSource:
+        sub = Subscriber(10, lambda _: None)
+        index.add_key("Customer", key, sub)
+        return LiveSource(sub)
 
     from strawberry.extensions import ParserCache, ValidationCache
 
     from gateway.subscriptions.shared_results import SharedResultsExecutor
-    schema = strawberry.Schema(query=Query, subscription=Subscription,  # as the gateway's
+    schema = strawberry.Schema(**_ticks_schema(ticks),  # as the gateway's
                                extensions=[ParserCache, ValidationCache],
                                execution_context_class=SharedResultsExecutor)
     view = GraphQLWebSocket(schema, Settings())
