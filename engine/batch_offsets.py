@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import threading
 from dataclasses import dataclass, field
 
 from schema.object_store import read_text
@@ -21,26 +20,8 @@ class BatchOffsets:
     watermark: str = ""  # ISO-8601 UTC, "" when the view has no watermark
 
 
-# Per checkpoint, the last batch read: the views of one graph batch all record the same
-# offsets, so the file is read once a batch, not once a view (a GET each in a bucket). A
-# batch's offsets file is written once, before the batch runs, and never changes.
-_last_read: dict[str, tuple[int, BatchOffsets]] = {}
-_last_read_lock = threading.Lock()
-
-
 def read_batch_offsets(checkpoint: str, batch_id: int) -> BatchOffsets | None:
     """None when the checkpoint lacks the batch. On a local disk or in a bucket."""
-    with _last_read_lock:  # the graph's views prepare their commits at once
-        last = _last_read.get(checkpoint)
-        if last is not None and last[0] == batch_id:
-            return last[1]
-        covered = _read(checkpoint, batch_id)
-        if covered is not None:
-            _last_read[checkpoint] = (batch_id, covered)
-        return covered
-
-
-def _read(checkpoint: str, batch_id: int) -> BatchOffsets | None:
     text = read_text(f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
     if text is None:
         return None

@@ -76,6 +76,14 @@ class Pending:
         return rows
 
 
+def offsets_fields(checkpoint: str | None, batch_id: int) -> dict[str, Any]:
+    """What a batch covers (its Kafka end offsets and watermark, from the query's
+    checkpoint) as a view's meta records it beside the batch's rows; none without one."""
+    covered = read_batch_offsets(checkpoint, batch_id) if checkpoint else None
+    return {} if covered is None else {"offsets": covered.offsets,
+                                       "watermark": covered.watermark}
+
+
 class ViewCommitter:
     def __init__(
         self,
@@ -172,12 +180,15 @@ class ViewCommitter:
         before: Before | None = None,
         extra_ops: Sequence[Op] = (),
         meta: Mapping[str, Any] | None = None,
+        covers: Mapping[str, Any] | None = None,
     ) -> Pending:
         """The batch's writes and change events, nothing written yet (rows with a null key
         go to the dead-letter topic). `before` is what Redis held for (at least) their keys
         when the caller read it in this batch already (a view over views compares with
         it); else it is read here. `extra_ops` go to Redis in the batch's apply (an
-        aggregate view's states), and so do `meta` fields (a stream aggregate's watermark)."""
+        aggregate view's states), and so do `meta` fields (a stream aggregate's watermark).
+        `covers`: the batch's offsets_fields when the caller read them already (the graph
+        reads them once for all its views); else they are read here."""
         IN_FLIGHT[self.view.name] = batch_id
         rows, keyless = split_keyless(rows, self.view.key)
         if keyless:
@@ -188,9 +199,7 @@ class ViewCommitter:
                         extra={"view": self.view.name, "batch_id": batch_id})
         now_ms = int(time.time() * 1000)
         fields: dict[str, Any] = {"committed_at_ms": now_ms}
-        covered = read_batch_offsets(self.checkpoint, batch_id) if self.checkpoint else None
-        if covered is not None:
-            fields |= {"offsets": covered.offsets, "watermark": covered.watermark}
+        fields |= offsets_fields(self.checkpoint, batch_id) if covers is None else covers
         fields |= meta or {}
         upserts = {key_of(r, self.view.key): dict(r) for r in rows}
         deletes = {key_of(d, self.delete_on) for d in deleted}

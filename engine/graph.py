@@ -51,7 +51,7 @@ from engine.aggregates import (
 )
 from engine.analysis import dependency_order
 from engine.analyzer import analysed, struct_of
-from engine.commit import IN_FLIGHT, Pending, ViewCommitter
+from engine.commit import IN_FLIGHT, Pending, ViewCommitter, offsets_fields
 from engine.current_rows import DeltaRows, RedisRows
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
@@ -155,6 +155,8 @@ class GraphBatch:
                  generations: Mapping[str, int], schemas: Mapping[str, StructType],
                  checkpoint: str, *, dead_letters: bool = True) -> None:
         self.catalog = catalog
+        self.checkpoint = checkpoint
+        self.covers: dict[str, Any] = {}  # the batch's offsets_fields (engine.commit)
         self.views = graph_views(catalog)
         self.sources = graph_sources(catalog)
         self.committers = {
@@ -244,6 +246,9 @@ class GraphBatch:
             return
         records: Mapping[str, _Records] = {}
         if len(held) < len(self.views):
+            # What the batch covers, recorded by every view it commits: read once, not once
+            # a view (in a bucket, a GET each).
+            self.covers = offsets_fields(self.checkpoint, batch_id)
             records = self._read(batch)
             for name, writer in self.dead_letters.items():
                 writer.publish(records[name].bad, batch_id)
@@ -329,16 +334,18 @@ class GraphBatch:
         started = time.perf_counter()
         if view.kind is ViewKind.UPSERT:
             rows, deleted = self._upsert(view, records[view.source].latest)
-            prepared = committer.prepare(batch_id, rows, deleted)
+            prepared = committer.prepare(batch_id, rows, deleted, covers=self.covers)
         elif view.kind in STREAM_KINDS:
             done = self.streams[view.name].batch(
                 self.sessions[view.name], records[view.source].events,
                 self._seen(committer), lambda keys: self._before(committer, keys))
-            prepared = committer.prepare(batch_id, done.rows, (), done.before, meta=done.meta)
+            prepared = committer.prepare(batch_id, done.rows, (), done.before, meta=done.meta,
+                                         covers=self.covers)
             self.stream_batches[view.name] = done
         else:
             rows, deleted, before, ops = self._table(view, batch_id, pending)
-            prepared = committer.prepare(batch_id, rows, deleted, before, ops)
+            prepared = committer.prepare(batch_id, rows, deleted, before, ops,
+                                         covers=self.covers)
         self.timings[f"{view.name}_compute_ms"] = (time.perf_counter() - started) * 1000
         return prepared
 

@@ -31,19 +31,14 @@ def test_no_watermark_and_missing_batches(tmp_path: Path) -> None:
     assert read_batch_offsets(str(tmp_path), 1) is None
 
 
-def test_a_batch_is_read_once_however_many_views_record_it(tmp_path: Path, monkeypatch) -> None:
-    import engine.batch_offsets as batch_offsets
+def test_the_fields_a_view_records_of_its_batch(tmp_path: Path) -> None:
+    from engine.commit import offsets_fields
 
     (tmp_path / "offsets").mkdir()
-    (tmp_path / "offsets" / "3").write_text(OFFSET_LOG)
-    (tmp_path / "offsets" / "4").write_text(OFFSET_LOG.replace("419", "500"))
-    reads: list[str] = []
-    real = batch_offsets.read_text
-    monkeypatch.setattr(batch_offsets, "read_text", lambda p: reads.append(p) or real(p))
-    first = [read_batch_offsets(str(tmp_path), 3) for _ in range(5)]
-    assert len(reads) == 1 and all(c == first[0] for c in first)
-    # The next batch is read anew, and a batch not written yet is looked for every time.
-    assert read_batch_offsets(str(tmp_path), 4).offsets["shop.orders"]["0"] == 500
-    assert read_batch_offsets(str(tmp_path), 5) is None
-    assert read_batch_offsets(str(tmp_path), 5) is None
-    assert len(reads) == 4
+    (tmp_path / "offsets" / "7").write_text(OFFSET_LOG)
+    assert offsets_fields(str(tmp_path), 7) == {
+        "offsets": {"shop.orders": {"0": 419, "1": 415}},
+        "watermark": "2024-01-01T00:00:30.250Z",
+    }
+    assert offsets_fields(str(tmp_path), 8) == {}  # not written (yet)
+    assert offsets_fields(None, 7) == {}  # a commit with no query (tests, tools)
