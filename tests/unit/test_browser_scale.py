@@ -622,6 +622,7 @@ def test_closed_websockets_leave_nothing_to_the_cycle_collector() -> None:
     from gateway.subscriptions.subscribers import SubscriberIndex
     from schema.settings import Settings
     from viewgate.serving import uvicorn_options
+    from viewgate.stack.process import eventually
 
     index = SubscriberIndex({"Customer": {}})
 
@@ -640,10 +641,9 @@ def test_closed_websockets_leave_nothing_to_the_cycle_collector() -> None:
     options = uvicorn_options(Settings())
 
     async def until(done, what: str) -> None:
-        deadline = asyncio.get_running_loop().time() + 10
-        while not done():
-            assert asyncio.get_running_loop().time() < deadline, what
-            await asyncio.sleep(0.01)
+        async def holds() -> bool | None:
+            return True if done() else None
+        await eventually(holds, timeout_s=10, what=what, interval_s=0.01)
 
     async def tab(port: int, key: str) -> None:
         async with connect(f"ws://127.0.0.1:{port}/graphql", compression="deflate",
