@@ -156,7 +156,6 @@ class GraphBatch:
                  checkpoint: str, *, dead_letters: bool = True) -> None:
         self.catalog = catalog
         self.checkpoint = checkpoint
-        self.covers: dict[str, Any] = {}  # the batch's offsets_fields (engine.commit)
         self.views = graph_views(catalog)
         self.sources = graph_sources(catalog)
         self.committers = {
@@ -245,10 +244,11 @@ class GraphBatch:
             # restarts the query on it (engine.runner.follow_rebuilds).
             return
         records: Mapping[str, _Records] = {}
+        covers: dict[str, Any] = {}
         if len(held) < len(self.views):
             # What the batch covers, recorded by every view it commits: read once, not once
             # a view (in a bucket, a GET each).
-            self.covers = offsets_fields(self.checkpoint, batch_id)
+            covers = offsets_fields(self.checkpoint, batch_id)
             records = self._read(batch)
             for name, writer in self.dead_letters.items():
                 writer.publish(records[name].bad, batch_id)
@@ -261,7 +261,7 @@ class GraphBatch:
             for view in self.views:  # in dependency order: its inputs are submitted
                 inputs = {n: computing[n] for n in view.reads if n in computing}
                 computing[view.name] = self.compute_threads.submit(
-                    self._compute, view, records, batch_id, held, inputs)
+                    self._compute, view, records, covers, batch_id, held, inputs)
             wait(computing.values())  # every view done, also when one failed
             pending = {name: f.result() for name, f in computing.items()}
             lap = time.perf_counter()
@@ -323,10 +323,12 @@ class GraphBatch:
                 held.add(view.name)
         return held
 
-    def _compute(self, view: View, records: Mapping[str, _Records], batch_id: int,
-                 held: set[str], inputs: Mapping[str, Future[Pending]]) -> Pending:
+    def _compute(self, view: View, records: Mapping[str, _Records], covers: Mapping[str, Any],
+                 batch_id: int, held: set[str], inputs: Mapping[str, Future[Pending]]
+                 ) -> Pending:
         """The view's batch, ready to commit: computed from the records and its inputs'
-        pending changes (once they are computed), or as Redis holds it already."""
+        pending changes (once they are computed), or as Redis holds it already. `covers`:
+        what the batch covers (engine.commit.offsets_fields), recorded with its rows."""
         pending = {name: computed.result() for name, computed in inputs.items()}
         committer = self.committers[view.name]
         if view.name in held:
@@ -334,18 +336,18 @@ class GraphBatch:
         started = time.perf_counter()
         if view.kind is ViewKind.UPSERT:
             rows, deleted = self._upsert(view, records[view.source].latest)
-            prepared = committer.prepare(batch_id, rows, deleted, covers=self.covers)
+            prepared = committer.prepare(batch_id, rows, deleted, covers=covers)
         elif view.kind in STREAM_KINDS:
             done = self.streams[view.name].batch(
                 self.sessions[view.name], records[view.source].events,
                 self._seen(committer), lambda keys: self._before(committer, keys))
             prepared = committer.prepare(batch_id, done.rows, (), done.before, meta=done.meta,
-                                         covers=self.covers)
+                                         covers=covers)
             self.stream_batches[view.name] = done
         else:
             rows, deleted, before, ops = self._table(view, batch_id, pending)
             prepared = committer.prepare(batch_id, rows, deleted, before, ops,
-                                         covers=self.covers)
+                                         covers=covers)
         self.timings[f"{view.name}_compute_ms"] = (time.perf_counter() - started) * 1000
         return prepared
 
