@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import orjson
 
 from gateway.reads.filters import Condition, matches
+from gateway.subscriptions.condition_index import ConditionIndex
 from gateway.subscriptions.operation_starts import settle_current
 from schema.catalog import FieldInfo
 from schema.storage import ChangeEvent
@@ -173,11 +174,14 @@ class FilterGroup:
     subscribers: set[Subscriber] = field(default_factory=set)
 
 
-@dataclass
 class ViewIndex:
-    by_key: dict[str, set[Subscriber]] = field(default_factory=dict)
-    filters: dict[str, FilterGroup] = field(default_factory=dict)
-    lists: dict[str, LiveQuery] = field(default_factory=dict)
+    """One view's subscribers: by key, and filter groups and live lists by filter key (found
+    by the changes that may concern them: gateway.subscriptions.condition_index)."""
+
+    def __init__(self, fields: Mapping[str, FieldInfo]) -> None:
+        self.by_key: dict[str, set[Subscriber]] = {}
+        self.filters: ConditionIndex[FilterGroup] = ConditionIndex(fields)
+        self.lists: ConditionIndex[LiveQuery] = ConditionIndex(fields)
 
     def __len__(self) -> int:
         return sum(map(len, self.by_key.values())) + sum(
@@ -187,7 +191,7 @@ class ViewIndex:
 class SubscriberIndex:
     def __init__(self, fields: Mapping[str, Mapping[str, FieldInfo]]) -> None:
         self.fields = fields
-        self.views: dict[str, ViewIndex] = {name: ViewIndex() for name in fields}
+        self.views: dict[str, ViewIndex] = {name: ViewIndex(f) for name, f in fields.items()}
 
     def add_key(self, view: str, key: str, sub: Subscriber) -> None:
         subs = self.views[view].by_key.setdefault(key, set())
@@ -206,7 +210,9 @@ class SubscriberIndex:
         list however many subscribers share the filter."""
         groups = self.views[view].filters
         fkey = filter_key(conditions)
-        group = groups.setdefault(fkey, FilterGroup(conditions))
+        group = groups.get(fkey)
+        if group is None:
+            group = groups[fkey] = FilterGroup(conditions)
         group.subscribers.add(sub)
 
         def remove() -> None:
@@ -223,7 +229,7 @@ class SubscriberIndex:
         for sub in list(index.by_key.get(event.key, ())):
             yield sub, event.op.upper()
         fields = self.fields[event.view]
-        for group in list(index.filters.values()):
+        for group in index.filters.candidates(event):
             op = relative_op(event, group.conditions, fields)
             if op is not None:
                 for sub in list(group.subscribers):
@@ -232,7 +238,7 @@ class SubscriberIndex:
     def live_queries(self, event: ChangeEvent) -> Iterator[LiveQuery]:
         """Shared live lists this change may alter."""
         fields = self.fields[event.view]
-        for live in list(self.views[event.view].lists.values()):
+        for live in self.views[event.view].lists.candidates(event):
             if touches(event, live.conditions, fields):
                 yield live
 
