@@ -284,6 +284,12 @@ class Settings(BaseSettings):
         "burst (subscribes, completes, pings); past it the gateway closes the connection "
         "(code 4029). 0 turns it off."
     )
+    gateway_ws_opening_lag_ms: float = Field(
+        100.0, description="While the gateway's event loop runs later than this (the work "
+        "queued ahead of it), new websocket connections wait their turn, in order, instead of "
+        "slowing every tab opening with them (viewgate.opening_gate); 0 opens them all at "
+        "once."
+    )
     gateway_ws_messages_burst: int = Field(
         100, description="Messages a websocket connection may send at once before the rate "
         "applies."

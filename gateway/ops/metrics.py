@@ -29,6 +29,14 @@ WEBSOCKETS = Gauge("viewgate_gateway_websocket_connections", "Open websocket con
 SUBSCRIPTIONS = Gauge("viewgate_gateway_subscriptions", "Active subscriptions.")
 SLOW_CLIENTS = Counter("viewgate_gateway_slow_clients_dropped",
                        "Websocket clients disconnected because their buffer overflowed.")
+# The websocket opening gate (viewgate.opening_gate), which the serving layer runs.
+WS_UPGRADES_WAITED = Counter("viewgate_gateway_websocket_upgrades_waited",
+                             "Websocket upgrades that waited for the gateway to catch up.")
+WS_UPGRADES_WAITING = Gauge("viewgate_gateway_websocket_upgrades_waiting",
+                            "Websocket upgrades waiting for the gateway to catch up.")
+LOOP_LAG = Gauge("viewgate_gateway_event_loop_lag_seconds",
+                 "How late the event loop last ran a timer (the work queued ahead of it), "
+                 "measured every 50 ms once a websocket has opened.")
 
 # Operation names come from clients: label only the first ones seen, so a client cannot
 # grow the metrics without bound.

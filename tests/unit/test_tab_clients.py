@@ -296,5 +296,6 @@ def test_churned_tabs_subscribe_stay_and_close() -> None:
     finally:
         server.stop()
     assert out["started"] == out["completed"] == 10 and out["failures"] == 0
-    assert len(out["first_ms"]) == 10 and out["served"][0] <= out["served"][1]
+    assert len(out["first_ms"]) == len(out["open_ms"]) == 10
+    assert out["served"][0] <= out["served"][1] and all(ms > 0 for ms in out["open_ms"])
     assert server.closed == [1000] * 10  # each closed its websocket as a browser tab does

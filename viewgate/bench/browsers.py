@@ -138,6 +138,18 @@ class Gateway:
                                     timeout=30) as answer:
             return json.loads(answer.read())
 
+    def upgrades_waited(self) -> float:
+        """Websocket upgrades that waited at the opening gate so far (viewgate.opening_gate),
+        from /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
+                                    timeout=30) as answer:
+            text = answer.read().decode()
+        return sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples
+                   if sample.name == "viewgate_gateway_websocket_upgrades_waited_total")
+
     def cpu(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.pids())
 
@@ -283,6 +295,7 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             workers_started.append(traffic)
             rss_before = _rss_kb(pids)
             gc_start = gateway.stats()["gcCollections"] if workers == 1 else None
+            waited_start = gateway.upgrades_waited() if workers == 1 else None
             ctx.say(f"opening {tabs:,} tabs ({3 * tabs:,} subscriptions) over "
                     f"{TAB_PROCESSES} client processes; gateway pid(s) {pids}")
             started = time.monotonic()
@@ -317,6 +330,7 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             idle = (gateway.cpu() - cpu0) / IDLE_S
             idle_events = _feed_events(gateway) - feed0 if feed0 is not None else None
             before = gateway.stats() if workers == 1 else {}
+            waited_open = gateway.upgrades_waited() if workers == 1 else None
             rss_churn0 = _rss_kb(pids)
             ctx.say(f"churn: {CHURN_RATE:.0f} new tabs a second for {churn_s:.0f} s")
             traffic = Worker("demo traffic", produce_paced, settings.kafka_bootstrap, renamed,
@@ -366,6 +380,7 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
                                      f"against {before} before the churn")
                 time.sleep(2)
                 after.update(gateway.stats())
+                after["upgrades_waited"] = gateway.upgrades_waited()
             rss_churn1 = _rss_kb(pids)
             stop.set()
             held = [w.result(timeout_s=120) for w in holders]
@@ -385,7 +400,7 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
     opened = sum(sum(h["firsts"].values()) for h in held)
     completed = sum(c["completed"] for c in churned)
     churn_failures = sum(c["failures"] for c in churned)
-    first_ms = sorted(t for c in churned for t in c["first_ms"])
+    first_ms = [t for c in churned for t in c["first_ms"]]
     out.update({
         "ws_tab_failures": failures,
         "ws_tab_failed": [f for h in held for f in h["failed"]][:5],
@@ -419,9 +434,9 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
         "ws_churn_tabs": completed,
         "ws_churn_failures": churn_failures,
         "ws_churn_failed": [f for c in churned for f in c["failed"]][:5],
-        "ws_churn_first_messages_ms": {
-            "p50": round(first_ms[len(first_ms) // 2], 1) if first_ms else None,
-            "p99": round(first_ms[int(len(first_ms) * 0.99)], 1) if first_ms else None},
+        "ws_churn_first_messages_ms": _p50_p99(first_ms),
+        # Connect -> acknowledged: the handshake, and the wait at the opening gate.
+        "ws_churn_open_ms": _p50_p99([t for c in churned for t in c["open_ms"]]),
         "ws_fanout_churn_s": _spread(churn_copies) if churn_copies else None,
         "ws_fanout_churn_copies": len(churn_copies),
         "ws_fanout_churn_from_event_s": round((max(churn_copies) - produced_churn) / 1000, 3)
@@ -449,6 +464,9 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
     if workers == 1:
         out["ws_churn_tasks_left"] = after["tasks"] - before["tasks"]
         out["ws_tasks"] = {"before_churn": before["tasks"], "after_churn": after["tasks"]}
+        # Websocket upgrades that waited for the gateway's event loop to catch up.
+        out["ws_upgrades_waited"] = {"open": round(waited_open - waited_start),
+                                     "churn": round(after["upgrades_waited"] - waited_open)}
         # The garbage collector's passes (young, middle, full) while the tabs opened, and
         # from the idle window's end through the churn.
         out["ws_gc_collections"] = {
@@ -456,6 +474,14 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
             "churn": [b - a for a, b in zip(before["gcCollections"], after["gcCollections"],
                                             strict=True)]}
     return out
+
+
+def _p50_p99(values: list[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": None, "p99": None}
+    return {"p50": round(ordered[len(ordered) // 2], 1),
+            "p99": round(ordered[int(len(ordered) * 0.99)], 1)}
 
 
 def _gateway_split(noted: dict[str, float] | None, in_feed_ms: float | None,

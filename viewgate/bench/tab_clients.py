@@ -508,21 +508,24 @@ def churn_tabs(url: str, rate: float, seconds: float, hot: str, keys: Sequence[s
     hold_tabs' tabs do, waiting for its live value's and list's first messages, staying
     `hold_s`, then closing its websocket (as a closed browser tab does: no `complete`).
     Returns {"started", "completed", "failures", "failed", "first_ms": [per tab: subscribe
-    -> both first messages], "seconds": from the first start to the last close, "served":
-    [first, last]: when the first and the last tab had their first messages, in seconds from
-    the first start}."""
+    -> both first messages], "open_ms": [per tab opened: connect -> acknowledged],
+    "seconds": from the first start to the last close, "served": [first, last]: when the
+    first and the last tab had their first messages, in seconds from the first start}."""
 
     async def main() -> dict[str, Any]:
         completed = failures = 0
         failed: list[str] = []
         first_ms: list[float] = []
+        open_ms: list[float] = []
         served: list[float] = []  # the first and last tab's first messages (s from start)
 
         async def tab(index: int) -> None:
             nonlocal completed, failures
             own = keys[index % len(keys)]
+            opening = time.monotonic()
             try:
                 ws = await open_tab(url, compression, open_timeout_s=30)
+                open_ms.append((time.monotonic() - opening) * 1000)
             except Exception as exc:  # noqa: BLE001 - counted and reported
                 failures += 1
                 if len(failed) < 5:
@@ -562,7 +565,7 @@ def churn_tabs(url: str, rate: float, seconds: float, hot: str, keys: Sequence[s
             tasks.append(asyncio.create_task(tab(i)))
         await asyncio.gather(*tasks, return_exceptions=True)
         return {"started": count, "completed": completed, "failures": failures,
-                "failed": failed, "first_ms": first_ms,
+                "failed": failed, "first_ms": first_ms, "open_ms": open_ms,
                 "seconds": time.monotonic() - started, "served": served}
 
     return asyncio.run(main())

@@ -1,0 +1,98 @@
+"""New websockets opened at the pace the gateway keeps up with: past its capacity, the
+tabs still to open wait their turn instead of slowing down every tab opening with them.
+
+A gateway process opens tabs as fast as its one event loop runs: on the bench machine
+about 150 to 160 a second (docs/benchmarks.md, "Browser scale"). Offered more (every
+browser reconnecting after a deploy, the bench's churn of 220 a second), it used to take
+them all at once: every tab in progress shared the loop, each one's first messages took
+seconds (p50 2-9 s in the churn), and the memory of thousands of tabs in flight at once
+stayed with the process after they left (the allocator keeps its peak: +120 to +290 MB
+after a minute of churn).
+
+So a timer measures how late the event loop runs it every `TICK_S` (its lag: the work
+queued ahead of it). While a tick comes on time (lag under `lag_limit_s`), up to
+`ADMIT_PER_TICK` websocket upgrades go through before the next tick. Past that, or while
+the loop runs late, an upgrade waits: its HTTP request parsed and kept (a few KiB, against
+tens for an open tab), in arrival order, until a tick lets it through. At least one goes
+through every tick whatever the lag, so a loop kept late by something else (a fan-out to
+every tab, a starved host) still opens tabs. A waiting client that leaves is forgotten.
+Plain HTTP requests never wait here; uvicorn's own limit (`limit_concurrency`,
+gateway_max_connections) still refuses connections past it.
+
+(Measured against it, docs/benchmarks.md: a bound on the tabs opening at once, each
+counted until its first answer, held the gateway to 100 tabs a second where it served
+150, as a tab's opening takes over half a second under load; the same bound as a floor
+beside the lag let the lag grow back, first messages p50 2 s.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from gateway.ops.metrics import LOOP_LAG, WS_UPGRADES_WAITED, WS_UPGRADES_WAITING
+
+TICK_S = 0.05
+ADMIT_PER_TICK = 25  # at most 500 upgrades a second while the loop keeps up
+
+
+class Upgrade(Protocol):
+    """A connection whose websocket upgrade waits (viewgate.http_protocol)."""
+
+    def upgrade_now(self) -> None: ...
+
+
+class OpeningGate:
+    def __init__(self, loop: asyncio.AbstractEventLoop, lag_limit_s: float) -> None:
+        self.loop = loop
+        self.lag_limit_s = lag_limit_s
+        self.budget = ADMIT_PER_TICK  # upgrades let through until the next tick
+        self.lag_s = 0.0  # of the last tick
+        self.waiting: dict[Upgrade, None] = {}  # in arrival order
+        self.waited = 0  # upgrades that waited, since start
+        self._due = loop.time() + TICK_S
+        loop.call_at(self._due, self._tick)
+
+    def admit(self, upgrade: Upgrade) -> bool:
+        """True: upgrade now. False: `upgrade` waits; its `upgrade_now()` is called when its
+        turn comes, unless it is `forget`-ten first."""
+        if not self.waiting and self.budget > 0:
+            self.budget -= 1
+            return True
+        self.waiting[upgrade] = None
+        self.waited += 1
+        WS_UPGRADES_WAITED.inc()
+        WS_UPGRADES_WAITING.set(len(self.waiting))
+        return False
+
+    def forget(self, upgrade: Upgrade) -> None:
+        """A waiting upgrade's client left."""
+        if self.waiting.pop(upgrade, 0) is None:
+            WS_UPGRADES_WAITING.set(len(self.waiting))
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        self.lag_s = now - self._due
+        LOOP_LAG.set(self.lag_s)
+        self.budget = ADMIT_PER_TICK if self.lag_s <= self.lag_limit_s else 1
+        while self.waiting and self.budget > 0:
+            upgrade = next(iter(self.waiting))
+            del self.waiting[upgrade]
+            self.budget -= 1
+            upgrade.upgrade_now()
+        WS_UPGRADES_WAITING.set(len(self.waiting))
+        self._due = now + TICK_S
+        self.loop.call_at(self._due, self._tick)
+
+
+def gate_of(owner: object, loop: asyncio.AbstractEventLoop,
+            lag_limit_s: float) -> OpeningGate | None:
+    """The gate of a server (`owner`: uvicorn's ServerState, one per server), made on its
+    first upgrade; None when `lag_limit_s` is 0 (every upgrade at once)."""
+    if lag_limit_s <= 0:
+        return None
+    gate = getattr(owner, "opening_gate", None)
+    if gate is None:
+        gate = OpeningGate(loop, lag_limit_s)
+        owner.opening_gate = gate  # type: ignore[attr-defined]
+    return gate
