@@ -13,9 +13,10 @@ So a timer measures how late the event loop runs it every `TICK_S` (its lag: the
 queued ahead of it). While a tick comes on time (lag under `lag_limit_s`), up to
 `ADMIT_PER_TICK` websocket upgrades go through before the next tick. Past that, or while
 the loop runs late, an upgrade waits: its HTTP request parsed and kept (a few KiB, against
-tens for an open tab), in arrival order, until a tick lets it through. At least one goes
-through every tick whatever the lag, so a loop kept late by something else (a fan-out to
-every tab, a starved host) still opens tabs. A waiting client that leaves is forgotten.
+tens for an open tab), in arrival order, until a tick lets it through. A few
+(`ADMIT_WHEN_LATE`) go through every tick whatever the lag, so a loop kept late by
+something else (a fan-out to every tab, a starved host, a flood of upgrades that the
+application then refuses) still opens tabs. A waiting client that leaves is forgotten.
 Plain HTTP requests never wait here; uvicorn's own limit (`limit_concurrency`,
 gateway_max_connections) still refuses connections past it.
 
@@ -34,6 +35,7 @@ from gateway.ops.metrics import LOOP_LAG, WS_UPGRADES_WAITED, WS_UPGRADES_WAITIN
 
 TICK_S = 0.05
 ADMIT_PER_TICK = 25  # at most 500 upgrades a second while the loop keeps up
+ADMIT_WHEN_LATE = 5  # per tick while it runs late: a flood of upgrades still moves
 
 
 class Upgrade(Protocol):
@@ -74,7 +76,7 @@ class OpeningGate:
         now = self.loop.time()
         self.lag_s = now - self._due
         LOOP_LAG.set(self.lag_s)
-        self.budget = ADMIT_PER_TICK if self.lag_s <= self.lag_limit_s else 1
+        self.budget = ADMIT_PER_TICK if self.lag_s <= self.lag_limit_s else ADMIT_WHEN_LATE
         while self.waiting and self.budget > 0:
             upgrade = next(iter(self.waiting))
             del self.waiting[upgrade]
