@@ -2,12 +2,10 @@
 tabs still to open wait their turn instead of slowing down every tab opening with them.
 
 A gateway process opens tabs as fast as its one event loop runs: on the bench machine
-about 150 to 160 a second (docs/benchmarks.md, "Browser scale"). Offered more (every
+about 150 to 170 a second (docs/benchmarks.md, "Browser scale"). Offered more (every
 browser reconnecting after a deploy, the bench's churn of 220 a second), it used to take
-them all at once: every tab in progress shared the loop, each one's first messages took
-seconds (p50 2-9 s in the churn), and the memory of thousands of tabs in flight at once
-stayed with the process after they left (the allocator keeps its peak: +120 to +290 MB
-after a minute of churn).
+them all at once, piling new tabs onto every moment the loop was behind: each tab's first
+messages took seconds (p50 1.8-9.4 s in the churn; 0.6-1.0 s with this gate).
 
 So a timer measures how late the event loop runs it every `TICK_S` (its lag: the work
 queued ahead of it). While a tick comes on time (lag under `lag_limit_s`), up to
