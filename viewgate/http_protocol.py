@@ -39,7 +39,11 @@ class GatewayHttpToolsProtocol(HttpToolsProtocol):
         self.gate = None
         if self.transport.is_closing():
             return
-        self._upgrade()
+        try:
+            self._upgrade()
+        except Exception:
+            self.transport.close()  # as uvicorn would have: this connection only
+            raise
         early, self.early = self.early, b""
         if early:
             self.transport.get_protocol().data_received(early)

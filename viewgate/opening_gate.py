@@ -27,6 +27,7 @@ beside the lag let the lag grow back, first messages p50 2 s.)
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Protocol
 
 from gateway.ops.metrics import LOOP_LAG, WS_UPGRADES_WAITED, WS_UPGRADES_WAITING
@@ -34,6 +35,8 @@ from gateway.ops.metrics import LOOP_LAG, WS_UPGRADES_WAITED, WS_UPGRADES_WAITIN
 TICK_S = 0.05
 ADMIT_PER_TICK = 25  # at most 500 upgrades a second while the loop keeps up
 ADMIT_WHEN_LATE = 5  # per tick while it runs late: a flood of upgrades still moves
+
+log = logging.getLogger("viewgate.opening_gate")
 
 
 class Upgrade(Protocol):
@@ -74,15 +77,19 @@ class OpeningGate:
         now = self.loop.time()
         self.lag_s = now - self._due
         LOOP_LAG.set(self.lag_s)
+        # The next tick first: whatever happens below, the gate keeps turning.
+        self._due = now + TICK_S
+        self.loop.call_at(self._due, self._tick)
         self.budget = ADMIT_PER_TICK if self.lag_s <= self.lag_limit_s else ADMIT_WHEN_LATE
         while self.waiting and self.budget > 0:
             upgrade = next(iter(self.waiting))
             del self.waiting[upgrade]
             self.budget -= 1
-            upgrade.upgrade_now()
+            try:
+                upgrade.upgrade_now()
+            except Exception:  # that connection's failure: the others still get their turn
+                log.exception("a websocket upgrade that waited failed")
         WS_UPGRADES_WAITING.set(len(self.waiting))
-        self._due = now + TICK_S
-        self.loop.call_at(self._due, self._tick)
 
 
 def gate_of(owner: object, loop: asyncio.AbstractEventLoop,

@@ -85,6 +85,20 @@ def test_a_late_loop_lets_a_few_through_a_tick_and_a_client_gone_is_forgotten():
     assert opened[-2:] == [waiting[-1].name, "next"] and not gate.waiting
 
 
+def test_an_upgrade_that_fails_in_its_turn_stops_neither_the_others_nor_the_ticks(caplog):
+    class Failing(Upgrade):
+        def upgrade_now(self) -> None:
+            raise RuntimeError("the websocket protocol refused it")
+
+    loop, gate, opened = _gate()
+    assert all(gate.admit(Upgrade("now", opened)) for _ in range(ADMIT_PER_TICK))
+    for upgrade in (Failing("bad", opened), Upgrade("after", opened)):
+        assert not gate.admit(upgrade)
+    loop.tick()
+    assert opened == ["after"] and not gate.waiting and len(loop.ticks) == 1
+    assert "a websocket upgrade that waited failed" in caplog.text
+
+
 def test_no_gate_when_its_limit_is_zero_and_one_per_server():
     class Server:
         pass
