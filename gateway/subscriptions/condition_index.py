@@ -51,9 +51,6 @@ class ConditionIndex(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
     def get(self, key: str) -> T | None:
         return self._items.get(key)
 

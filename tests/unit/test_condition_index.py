@@ -93,4 +93,4 @@ def test_a_change_tries_only_the_filters_filed_under_its_values():
     assert anchor(both.conditions).op == "in"  # filed under each of its values, once each
     del index["own1"], index["both"], index["ranged"]
     assert index.candidates(moved) == [index.get("own2")]
-    assert "own1" not in index and len(index) == len(CUSTOMERS) - 1
+    assert index.get("own1") is None and len(index) == len(CUSTOMERS) - 1

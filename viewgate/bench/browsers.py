@@ -43,6 +43,7 @@ from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.load import cpu_seconds, rss_kb
 from viewgate.bench.report import Figure
 from viewgate.bench.servers import LIMITS_OFF, settings_env, uvicorn_args
+from viewgate.bench.stats import percentile
 from viewgate.bench.workers import Worker, new_event, produce_paced
 from viewgate.serving import WEBSOCKETS, WORKER_HEALTHCHECK_S
 from viewgate.stack.process import ManagedProcess, free_port, wait_until
@@ -477,11 +478,9 @@ def measure(ctx: BenchContext, settings: Settings, catalog: Any, workers: int) -
 
 
 def _p50_p99(values: list[float]) -> dict[str, float | None]:
-    ordered = sorted(values)
-    if not ordered:
+    if not values:
         return {"p50": None, "p99": None}
-    return {"p50": round(ordered[len(ordered) // 2], 1),
-            "p99": round(ordered[int(len(ordered) * 0.99)], 1)}
+    return {"p50": round(percentile(values, 50), 1), "p99": round(percentile(values, 99), 1)}
 
 
 def _gateway_split(noted: dict[str, float] | None, in_feed_ms: float | None,
