@@ -16,21 +16,27 @@ from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.access.client_identity import client_key
 from schema.settings import get_settings
 from viewgate.opening_gate import OpeningGate, gate_of
 
 
 class GatewayHttpToolsProtocol(HttpToolsProtocol):
     gate: OpeningGate | None = None  # while its upgrade waits
+    client: str = ""  # whose line it waits in (the per-client limits' key)
     early: bytes = b""  # what the client sent while its upgrade waited (it should not)
 
     def handle_websocket_upgrade(self) -> None:
-        gate = gate_of(self.server_state, self.loop,
-                       get_settings().gateway_ws_opening_lag_ms / 1000)
-        if gate is not None and not gate.admit(self):
+        settings = get_settings()
+        gate = gate_of(self.server_state, self.loop, settings.gateway_ws_opening_lag_ms / 1000)
+        if gate is None:
+            self._upgrade()
+            return
+        client = client_key(self.scope, settings.gateway_client_address_header)
+        if not gate.admit(self, client):
             # Reading goes on, so that a client leaving is seen (connection_lost) and
             # forgotten; it sends nothing more before the answer.
-            self.gate = gate
+            self.gate, self.client = gate, client
             return
         self._upgrade()
 
@@ -63,7 +69,7 @@ class GatewayHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.gate is not None:  # gone while its upgrade waited
-            self.gate.forget(self)
+            self.gate.forget(self, self.client)
             self.gate = None
         super().connection_lost(exc)
 

@@ -11,7 +11,9 @@ So a timer measures how late the event loop runs it every `TICK_S` (its lag: the
 queued ahead of it). While a tick comes on time (lag under `lag_limit_s`), up to
 `ADMIT_PER_TICK` websocket upgrades go through before the next tick. Past that, or while
 the loop runs late, an upgrade waits: its HTTP request parsed and kept (a few KiB, against
-tens for an open tab), in arrival order, until a tick lets it through. A few
+tens for an open tab) until a tick lets it through. Waiting clients take turns, one upgrade
+each (in arrival order within a client), so one client's flood of upgrades (a script, a
+tab reconnecting in a loop) delays its own, not everyone's. A few
 (`ADMIT_WHEN_LATE`) go through every tick whatever the lag, so a loop kept late by
 something else (a fan-out to every tab, a starved host, a flood of upgrades that the
 application then refuses) still opens tabs. A waiting client that leaves is forgotten.
@@ -51,27 +53,48 @@ class OpeningGate:
         self.lag_limit_s = lag_limit_s
         self.budget = ADMIT_PER_TICK  # upgrades let through until the next tick
         self.lag_s = 0.0  # of the last tick
-        self.waiting: dict[Upgrade, None] = {}  # in arrival order
+        # Client -> its waiting upgrades in arrival order; the clients in the order of their
+        # next turn (one that had its turn goes to the back).
+        self.waiting: dict[str, dict[Upgrade, None]] = {}
+        self.queued = 0  # upgrades waiting, all clients
         self.waited = 0  # upgrades that waited, since start
         self._due = loop.time() + TICK_S
         loop.call_at(self._due, self._tick)
 
-    def admit(self, upgrade: Upgrade) -> bool:
-        """True: upgrade now. False: `upgrade` waits; its `upgrade_now()` is called when its
-        turn comes, unless it is `forget`-ten first."""
+    def admit(self, upgrade: Upgrade, client: str) -> bool:
+        """True: upgrade now. False: `upgrade` waits, in `client`'s line (the client's
+        address or token, gateway.access.client_identity); its `upgrade_now()` is called
+        when its turn comes, unless it is `forget`-ten first."""
         if not self.waiting and self.budget > 0:
             self.budget -= 1
             return True
-        self.waiting[upgrade] = None
+        self.waiting.setdefault(client, {})[upgrade] = None
+        self.queued += 1
         self.waited += 1
         WS_UPGRADES_WAITED.inc()
-        WS_UPGRADES_WAITING.set(len(self.waiting))
+        WS_UPGRADES_WAITING.set(self.queued)
         return False
 
-    def forget(self, upgrade: Upgrade) -> None:
+    def forget(self, upgrade: Upgrade, client: str) -> None:
         """A waiting upgrade's client left."""
-        if self.waiting.pop(upgrade, 0) is None:
-            WS_UPGRADES_WAITING.set(len(self.waiting))
+        line = self.waiting.get(client)
+        if line is None or line.pop(upgrade, 0) is not None:
+            return
+        if not line:
+            del self.waiting[client]
+        self.queued -= 1
+        WS_UPGRADES_WAITING.set(self.queued)
+
+    def _next(self) -> Upgrade:
+        """The first client's first upgrade; that client goes to the back of the line."""
+        client = next(iter(self.waiting))
+        line = self.waiting.pop(client)
+        upgrade = next(iter(line))
+        del line[upgrade]
+        if line:
+            self.waiting[client] = line
+        self.queued -= 1
+        return upgrade
 
     def _tick(self) -> None:
         now = self.loop.time()
@@ -82,14 +105,13 @@ class OpeningGate:
         self.loop.call_at(self._due, self._tick)
         self.budget = ADMIT_PER_TICK if self.lag_s <= self.lag_limit_s else ADMIT_WHEN_LATE
         while self.waiting and self.budget > 0:
-            upgrade = next(iter(self.waiting))
-            del self.waiting[upgrade]
+            upgrade = self._next()
             self.budget -= 1
             try:
                 upgrade.upgrade_now()
             except Exception:  # that connection's failure: the others still get their turn
                 log.exception("a websocket upgrade that waited failed")
-        WS_UPGRADES_WAITING.set(len(self.waiting))
+        WS_UPGRADES_WAITING.set(self.queued)
 
 
 def gate_of(owner: object, loop: asyncio.AbstractEventLoop,

@@ -1,7 +1,7 @@
 """The websocket opening gate (viewgate.opening_gate): its turns on a loop whose clock the
-test moves, then through a real uvicorn with the gateway's HTTP and websocket protocols:
-an upgrade that waits is answered when its turn comes, a waiting client that leaves is
-forgotten, one that sends more than its upgrade is dropped."""
+test moves (waiting clients take turns), then through a real uvicorn with the gateway's
+HTTP and websocket protocols: an upgrade that waits is answered when its turn comes, a
+waiting client that leaves is forgotten, one that sends more than its upgrade is dropped."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ class Loop:
         callback()
 
 
+CLIENT = "addr:10.0.0.1"
+
+
 class Upgrade:
     def __init__(self, name: str, opened: list[str]) -> None:
         self.name = name
@@ -54,33 +57,58 @@ def _gate() -> tuple[Loop, OpeningGate, list[str]]:
 
 def test_upgrades_go_through_while_the_loop_keeps_up_and_wait_in_order_past_a_tick_s_share():
     loop, gate, opened = _gate()
-    assert all(gate.admit(Upgrade("now", opened)) for _ in range(ADMIT_PER_TICK))
+    assert all(gate.admit(Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
     later = [Upgrade(f"later{i}", opened) for i in range(ADMIT_PER_TICK + 3)]
-    assert not any(gate.admit(u) for u in later)
+    assert not any(gate.admit(u, CLIENT) for u in later)
     assert gate.waited == len(later) and opened == []
     loop.tick()  # on time: a tick's share, first come first
     assert opened == [u.name for u in later[:ADMIT_PER_TICK]]
     last = Upgrade("last", opened)
-    assert not gate.admit(last)  # others wait: it waits behind them
+    assert not gate.admit(last, CLIENT)  # others wait: it waits behind them
     loop.tick()
     assert opened[ADMIT_PER_TICK:] == [u.name for u in later[ADMIT_PER_TICK:]] + ["last"]
     assert not gate.waiting and loop.ticks[0][0] == pytest.approx(loop.now + TICK_S)
 
 
+def test_waiting_clients_take_turns_so_one_client_s_flood_delays_its_own_upgrades():
+    loop, gate, opened = _gate()
+    assert all(gate.admit(Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
+    flood = [Upgrade(f"a{i}", opened) for i in range(3 * ADMIT_PER_TICK)]
+    assert not any(gate.admit(u, "addr:10.0.0.66") for u in flood)
+    others = {c: [Upgrade(f"{c[-1]}{i}", opened) for i in range(2)]
+              for c in ("addr:10.0.0.2", "token:b")}
+    for client, upgrades in others.items():
+        assert not any(gate.admit(u, client) for u in upgrades)
+    assert gate.queued == len(flood) + 4
+    loop.tick()
+    # One upgrade a client a turn, the clients in the order they first waited.
+    assert opened[:7] == ["a0", "20", "b0", "a1", "21", "b1", "a2"]
+    first_tick = ADMIT_PER_TICK - 4  # the flood's share of the tick
+    assert opened[7:] == [f"a{i}" for i in range(3, first_tick)]
+    assert list(gate.waiting) == ["addr:10.0.0.66"] and gate.queued == len(flood) - first_tick
+    gate.forget(flood[-1], "addr:10.0.0.66")
+    gate.forget(flood[-1], "addr:10.0.0.66")  # once only
+    gate.forget(Upgrade("never", opened), "addr:10.9.9.9")  # a client with no line
+    assert gate.queued == len(flood) - first_tick - 1
+    while gate.waiting:
+        loop.tick()
+    assert opened[-1] == flood[-2].name and not gate.waiting and gate.queued == 0
+
+
 def test_a_late_loop_lets_a_few_through_a_tick_and_a_client_gone_is_forgotten():
     loop, gate, opened = _gate()
-    assert all(gate.admit(Upgrade("now", opened)) for _ in range(ADMIT_PER_TICK))
+    assert all(gate.admit(Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
     waiting = [Upgrade(f"w{i}", opened) for i in range(2 * ADMIT_WHEN_LATE + 2)]
-    assert not any(gate.admit(u) for u in waiting)
+    assert not any(gate.admit(u, CLIENT) for u in waiting)
     loop.tick(late_s=LAG_LIMIT_S * 3)  # the loop is busy: a few through, not a tick's share
     assert opened == [u.name for u in waiting[:ADMIT_WHEN_LATE]]
     assert gate.lag_s == pytest.approx(LAG_LIMIT_S * 3)
-    gate.forget(waiting[ADMIT_WHEN_LATE])  # its client left while it waited
-    gate.forget(waiting[0])  # already through: nothing to forget
+    gate.forget(waiting[ADMIT_WHEN_LATE], CLIENT)  # its client left while it waited
+    gate.forget(waiting[0], CLIENT)  # already through: nothing to forget
     loop.tick(late_s=LAG_LIMIT_S * 3)
     assert opened == [u.name for u in waiting[:2 * ADMIT_WHEN_LATE + 1]
                       if u is not waiting[ADMIT_WHEN_LATE]]
-    assert not gate.admit(Upgrade("next", opened))  # no budget left in a late tick
+    assert not gate.admit(Upgrade("next", opened), CLIENT)  # no budget left in a late tick
     loop.tick()
     assert opened[-2:] == [waiting[-1].name, "next"] and not gate.waiting
 
@@ -91,9 +119,9 @@ def test_an_upgrade_that_fails_in_its_turn_stops_neither_the_others_nor_the_tick
             raise RuntimeError("the websocket protocol refused it")
 
     loop, gate, opened = _gate()
-    assert all(gate.admit(Upgrade("now", opened)) for _ in range(ADMIT_PER_TICK))
+    assert all(gate.admit(Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
     for upgrade in (Failing("bad", opened), Upgrade("after", opened)):
-        assert not gate.admit(upgrade)
+        assert not gate.admit(upgrade, CLIENT)
     loop.tick()
     assert opened == ["after"] and not gate.waiting and len(loop.ticks) == 1
     assert "a websocket upgrade that waited failed" in caplog.text
@@ -115,12 +143,11 @@ class HeldGate(OpeningGate):
     def __init__(self) -> None:
         self.budget = 0
         self.waiting = {}
+        self.queued = 0
         self.waited = 0
 
     def let_through(self) -> None:
-        upgrade = next(iter(self.waiting))
-        del self.waiting[upgrade]
-        upgrade.upgrade_now()
+        self._next().upgrade_now()
 
 
 def test_through_uvicorn_a_waiting_upgrade_is_answered_in_its_turn_and_forgotten_if_gone():
@@ -163,14 +190,14 @@ def test_through_uvicorn_a_waiting_upgrade_is_answered_in_its_turn_and_forgotten
             # A client that leaves while its upgrade waits: forgotten, never opened.
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(UPGRADE)
-            await until(lambda: len(gate.waiting) == 1, "the first upgrade waiting")
+            await until(lambda: gate.queued == 1, "the first upgrade waiting")
             writer.close()
             await until(lambda: not gate.waiting, "the gone client forgotten")
 
             # One that sends more than an upgrade before its answer: not a websocket client.
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(UPGRADE.replace(b"/gone", b"/pushy"))
-            await until(lambda: len(gate.waiting) == 1, "the second upgrade waiting")
+            await until(lambda: gate.queued == 1, "the second upgrade waiting")
             writer.write(b"x" * (MAX_EARLY_BYTES + 1))
             await until(lambda: not gate.waiting, "the pushy one dropped")
             assert await asyncio.wait_for(reader.read(), 10) == b""  # closed, unanswered
@@ -178,7 +205,8 @@ def test_through_uvicorn_a_waiting_upgrade_is_answered_in_its_turn_and_forgotten
 
             # One that waits, then gets its turn: the handshake completes and it is served.
             opening = asyncio.ensure_future(connect(f"ws://127.0.0.1:{port}/kept"))
-            await until(lambda: len(gate.waiting) == 1, "the third upgrade waiting")
+            await until(lambda: gate.queued == 1, "the third upgrade waiting")
+            assert list(gate.waiting) == ["addr:127.0.0.1"]  # in its client's line
             assert not opening.done() and accepted == []
             gate.let_through()
             ws = await asyncio.wait_for(opening, 10)
