@@ -29,16 +29,14 @@ class GatewayHttpToolsProtocol(HttpToolsProtocol):
     def handle_websocket_upgrade(self) -> None:
         settings = get_settings()
         gate = gate_of(self.server_state, self.loop, settings.gateway_ws_opening_lag_ms / 1000)
-        if gate is None:
+        if gate is None or gate.admit_now():
             self._upgrade()
             return
-        client = client_key(self.scope, settings.gateway_client_address_header)
-        if not gate.admit(self, client):
-            # Reading goes on, so that a client leaving is seen (connection_lost) and
-            # forgotten; it sends nothing more before the answer.
-            self.gate, self.client = gate, client
-            return
-        self._upgrade()
+        # Reading goes on, so that a client leaving is seen (connection_lost) and
+        # forgotten; it sends nothing more before the answer.
+        self.gate = gate
+        self.client = client_key(self.scope, settings.gateway_client_address_header)
+        gate.wait(self, self.client)
 
     def upgrade_now(self) -> None:
         """The opening gate's turn for a waiting upgrade."""

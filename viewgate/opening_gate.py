@@ -61,19 +61,23 @@ class OpeningGate:
         self._due = loop.time() + TICK_S
         loop.call_at(self._due, self._tick)
 
-    def admit(self, upgrade: Upgrade, client: str) -> bool:
-        """True: upgrade now. False: `upgrade` waits, in `client`'s line (the client's
-        address or token, gateway.access.client_identity); its `upgrade_now()` is called
-        when its turn comes, unless it is `forget`-ten first."""
+    def admit_now(self) -> bool:
+        """Whether an upgrade goes through now (nobody waits, and the tick's share is not
+        used up); if so, it takes its place in the share."""
         if not self.waiting and self.budget > 0:
             self.budget -= 1
             return True
+        return False
+
+    def wait(self, upgrade: Upgrade, client: str) -> None:
+        """`upgrade` waits in `client`'s line (the client's address or token,
+        gateway.access.client_identity); its `upgrade_now()` is called when its turn
+        comes, unless it is `forget`-ten first."""
         self.waiting.setdefault(client, {})[upgrade] = None
         self.queued += 1
         self.waited += 1
         WS_UPGRADES_WAITED.inc()
         WS_UPGRADES_WAITING.set(self.queued)
-        return False
 
     def forget(self, upgrade: Upgrade, client: str) -> None:
         """A waiting upgrade's client left."""

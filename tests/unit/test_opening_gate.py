@@ -50,6 +50,15 @@ class Upgrade:
         self.opened.append(self.name)
 
 
+def admit(gate: OpeningGate, upgrade: Upgrade, client: str) -> bool:
+    """What the gateway's HTTP protocol does with an upgrade: True if it went through now,
+    else it waits in its client's line."""
+    if gate.admit_now():
+        return True
+    gate.wait(upgrade, client)  # type: ignore[arg-type]
+    return False
+
+
 def _gate() -> tuple[Loop, OpeningGate, list[str]]:
     loop = Loop()
     return loop, OpeningGate(loop, LAG_LIMIT_S), []  # type: ignore[arg-type]
@@ -57,14 +66,14 @@ def _gate() -> tuple[Loop, OpeningGate, list[str]]:
 
 def test_upgrades_go_through_while_the_loop_keeps_up_and_wait_in_order_past_a_tick_s_share():
     loop, gate, opened = _gate()
-    assert all(gate.admit(Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
+    assert all(admit(gate, Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
     later = [Upgrade(f"later{i}", opened) for i in range(ADMIT_PER_TICK + 3)]
-    assert not any(gate.admit(u, CLIENT) for u in later)
+    assert not any(admit(gate, u, CLIENT) for u in later)
     assert gate.waited == len(later) and opened == []
     loop.tick()  # on time: a tick's share, first come first
     assert opened == [u.name for u in later[:ADMIT_PER_TICK]]
     last = Upgrade("last", opened)
-    assert not gate.admit(last, CLIENT)  # others wait: it waits behind them
+    assert not admit(gate, last, CLIENT)  # others wait: it waits behind them
     loop.tick()
     assert opened[ADMIT_PER_TICK:] == [u.name for u in later[ADMIT_PER_TICK:]] + ["last"]
     assert not gate.waiting and loop.ticks[0][0] == pytest.approx(loop.now + TICK_S)
@@ -72,13 +81,13 @@ def test_upgrades_go_through_while_the_loop_keeps_up_and_wait_in_order_past_a_ti
 
 def test_waiting_clients_take_turns_so_one_client_s_flood_delays_its_own_upgrades():
     loop, gate, opened = _gate()
-    assert all(gate.admit(Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
+    assert all(admit(gate, Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
     flood = [Upgrade(f"a{i}", opened) for i in range(3 * ADMIT_PER_TICK)]
-    assert not any(gate.admit(u, "addr:10.0.0.66") for u in flood)
+    assert not any(admit(gate, u, "addr:10.0.0.66") for u in flood)
     others = {c: [Upgrade(f"{c[-1]}{i}", opened) for i in range(2)]
               for c in ("addr:10.0.0.2", "token:b")}
     for client, upgrades in others.items():
-        assert not any(gate.admit(u, client) for u in upgrades)
+        assert not any(admit(gate, u, client) for u in upgrades)
     assert gate.queued == len(flood) + 4
     loop.tick()
     # One upgrade a client a turn, the clients in the order they first waited.
@@ -97,9 +106,9 @@ def test_waiting_clients_take_turns_so_one_client_s_flood_delays_its_own_upgrade
 
 def test_a_late_loop_lets_a_few_through_a_tick_and_a_client_gone_is_forgotten():
     loop, gate, opened = _gate()
-    assert all(gate.admit(Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
+    assert all(admit(gate, Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
     waiting = [Upgrade(f"w{i}", opened) for i in range(2 * ADMIT_WHEN_LATE + 2)]
-    assert not any(gate.admit(u, CLIENT) for u in waiting)
+    assert not any(admit(gate, u, CLIENT) for u in waiting)
     loop.tick(late_s=LAG_LIMIT_S * 3)  # the loop is busy: a few through, not a tick's share
     assert opened == [u.name for u in waiting[:ADMIT_WHEN_LATE]]
     assert gate.lag_s == pytest.approx(LAG_LIMIT_S * 3)
@@ -108,7 +117,7 @@ def test_a_late_loop_lets_a_few_through_a_tick_and_a_client_gone_is_forgotten():
     loop.tick(late_s=LAG_LIMIT_S * 3)
     assert opened == [u.name for u in waiting[:2 * ADMIT_WHEN_LATE + 1]
                       if u is not waiting[ADMIT_WHEN_LATE]]
-    assert not gate.admit(Upgrade("next", opened), CLIENT)  # no budget left in a late tick
+    assert not admit(gate, Upgrade("next", opened), CLIENT)  # no budget left in a late tick
     loop.tick()
     assert opened[-2:] == [waiting[-1].name, "next"] and not gate.waiting
 
@@ -119,9 +128,9 @@ def test_an_upgrade_that_fails_in_its_turn_stops_neither_the_others_nor_the_tick
             raise RuntimeError("the websocket protocol refused it")
 
     loop, gate, opened = _gate()
-    assert all(gate.admit(Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
+    assert all(admit(gate, Upgrade("now", opened), CLIENT) for _ in range(ADMIT_PER_TICK))
     for upgrade in (Failing("bad", opened), Upgrade("after", opened)):
-        assert not gate.admit(upgrade, CLIENT)
+        assert not admit(gate, upgrade, CLIENT)
     loop.tick()
     assert opened == ["after"] and not gate.waiting and len(loop.ticks) == 1
     assert "a websocket upgrade that waited failed" in caplog.text
