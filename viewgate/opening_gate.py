@@ -56,7 +56,7 @@ class OpeningGate:
         # Client -> its waiting upgrades in arrival order; the clients in the order of their
         # next turn (one that had its turn goes to the back).
         self.waiting: dict[str, dict[Upgrade, None]] = {}
-        self.queued = 0  # upgrades waiting, all clients
+        self.queued = 0  # upgrades waiting, all clients (kept: the metric on every change)
         self.waited = 0  # upgrades that waited, since start
         self._due = loop.time() + TICK_S
         loop.call_at(self._due, self._tick)
@@ -82,8 +82,9 @@ class OpeningGate:
     def forget(self, upgrade: Upgrade, client: str) -> None:
         """A waiting upgrade's client left."""
         line = self.waiting.get(client)
-        if line is None or line.pop(upgrade, 0) is not None:
+        if line is None or upgrade not in line:  # already through, or forgotten
             return
+        del line[upgrade]
         if not line:
             del self.waiting[client]
         self.queued -= 1
