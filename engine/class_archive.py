@@ -7,10 +7,17 @@ loaded, dumped when its JVM exits). Measured on 2 cores: Spark's session 4.2 -> 
 the catalog's analysis 2.4 -> 1.6 s, a first job 1.5 -> 1.0 s.
 
 `viewgate setup` builds it once per machine (a warm-up run in a child process: the demo
-catalog analysed, small queries, a Delta table, a streaming query), keyed by the Java
-executable and the jars (their paths, sizes and times), since the archive is only good for
-the class path it was made with; building one deletes those no JVM can use any more.
-build_spark uses it when it exists; a JVM that finds it unusable ignores it.
+catalog analysed, small queries, a Delta table, a streaming query, and the graph's read of
+its sources through a broker `setup` starts for it), keyed by the Java executable, the jars
+(their paths, sizes and times) and the warm-up's version, since the archive is only good
+for the class path it was made with and holds only what its warm-up loaded; building one
+deletes those no JVM can use any more. build_spark uses it when it exists; a JVM that
+finds it unusable ignores it.
+
+Only classes the warm-up loads are archived. Without a broker the warm-up read nothing,
+and every start loaded 1,346 of the Kafka client's classes from its jar while its query
+started and read its first batch; with the read, 288 (class loading logged, 2026-11-28;
+docs/engine-plan.md, "The class archive's warm-up reads through a broker").
 """
 
 from __future__ import annotations
@@ -37,21 +44,28 @@ def archive_path(settings: Settings) -> Path:
     return _path_of(settings, _digest(_inputs(settings)))
 
 
+# What the warm-up runs, by version: an archive made by an older warm-up lacks classes a
+# newer one loads, so it is made again (and pruned).
+WARM_UP = 2
+
+
 def _inputs(settings: Settings) -> dict[str, Any]:
-    """What an archive is only good for: the Java executable and the class path's jars."""
+    """What an archive is only good for: the Java executable and the class path's jars;
+    and the warm-up that made it."""
     java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin")) \
         or shutil.which("java") or "java"
     spark_jars = Path(pyspark.__file__).parent / "jars"
     jars = [*sorted(spark_jars.glob("*.jar")), *map(Path, settings.spark_jar_paths())]
     return {"java": os.path.realpath(java), "pyspark": pyspark.__version__,
-            "jars": [str(jar) for jar in jars]}
+            "jars": [str(jar) for jar in jars], "warm_up": WARM_UP}
 
 
 def _digest(inputs: dict[str, Any]) -> str:
     # The JVM refuses an archive whose class path's jars changed size or time ("The top
     # archive failed to load"): a virtualenv made again at the same path (a fresh clone)
     # has the same jars with new times, and needs an archive of its own.
-    parts = [inputs["java"], inputs["pyspark"], *map(_stamp, inputs["jars"])]
+    parts = [inputs["java"], inputs["pyspark"], *map(_stamp, inputs["jars"]),
+             f"warm-up {inputs.get('warm_up', 1)}"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
@@ -75,7 +89,9 @@ def prune_stale_archives(settings: Settings) -> list[Path]:
     for archive in sorted((settings.cache_dir / "jvm").glob("spark-*.jsa")):
         inputs = archive.with_suffix(".json")
         try:
-            stale = _digest(json.loads(inputs.read_text())) != archive.stem.removeprefix("spark-")
+            recorded = json.loads(inputs.read_text())
+            stale = (_digest(recorded) != archive.stem.removeprefix("spark-")
+                     or recorded.get("warm_up", 1) != WARM_UP)
         except (OSError, ValueError, KeyError, TypeError):
             stale = True
         if stale:
@@ -91,9 +107,12 @@ def java_options(settings: Settings) -> str:
     return f"-XX:SharedArchiveFile={path}" if path.is_file() else ""
 
 
-def build_archive(settings: Settings, timeout_s: float = 600) -> Path | None:
+def build_archive(settings: Settings, timeout_s: float = 600,
+                  kafka_bootstrap: str | None = None) -> Path | None:
     """Make the archive (a warm-up run in a child process whose JVM dumps the classes it
-    loaded when it exits); None if it could not be made (the engine runs without it)."""
+    loaded when it exits); None if it could not be made (the engine runs without it).
+    `kafka_bootstrap`: a broker the warm-up may write topics of its own to, so that it
+    reads as the engine does (without one, the archive lacks the read's classes)."""
     inputs = _inputs(settings)
     path = _path_of(settings, _digest(inputs))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +120,8 @@ def build_archive(settings: Settings, timeout_s: float = 600) -> Path | None:
     partial.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="viewgate-cds-") as work:
         child = subprocess.Popen(
-            [sys.executable, "-m", "engine.class_archive", str(partial), work],
+            [sys.executable, "-m", "engine.class_archive", str(partial), work,
+             kafka_bootstrap or ""],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         try:
             _, errors = child.communicate(timeout=timeout_s)
@@ -131,7 +151,7 @@ def _wait_for_group(leader: int, deadline: float) -> None:
     os.killpg(leader, signal.SIGKILL)
 
 
-def _warm_up(archive: str, work: str) -> None:
+def _warm_up(archive: str, work: str, kafka_bootstrap: str = "") -> None:
     """What the engine loads on its way to its first batches."""
     from engine.analysis import analyse
     from engine.analyzer import ANALYSIS_CACHE_CONF
@@ -153,9 +173,12 @@ def _warm_up(archive: str, work: str) -> None:
     query = "SELECT t.k, count(*) AS n, max(u.v) AS m FROM t JOIN t AS u ON t.k = u.k GROUP BY t.k"
     spark.sql(query).collect()
     spark.sql(query).toArrow()
-    # The Kafka connector's classes (no broker: nothing is read).
-    kafka = spark.readStream.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
-    kafka.option("subscribe", "warm-up").load().selectExpr("CAST(value AS STRING)").explain()
+    if kafka_bootstrap:
+        warm_up_read(spark, settings.model_copy(update={"kafka_bootstrap": kafka_bootstrap}),
+                     f"{work}/read-checkpoint")
+    else:  # the Kafka connector's classes at least (nothing is read)
+        kafka = spark.readStream.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
+        kafka.option("subscribe", "warm-up").load().selectExpr("CAST(value AS STRING)").explain()
     stream = (spark.readStream.format("rate").option("rowsPerSecond", 100).load()
               .writeStream.foreachBatch(lambda batch, _: batch.collect())
               .option("checkpointLocation", f"{work}/checkpoint").start())
@@ -166,5 +189,43 @@ def _warm_up(archive: str, work: str) -> None:
     spark.stop()
 
 
+def warm_up_read(spark: Any, settings: Settings, checkpoint: str, records: int = 50) -> int:
+    """The graph query's read (engine.sources, engine.frames) of the demo's sources, each
+    renamed to a warm-up topic of its own on `settings.kafka_bootstrap`: records of every
+    kind (good, malformed, a tombstone) produced, then read in one batch with Kafka's
+    admin and consumer clients, parsed by Spark's generated code and collected through
+    Arrow. Returns how many records the batch held."""
+    from dataclasses import replace
+
+    from confluent_kafka import Producer
+
+    from engine.frames import rows_of
+    from engine.graph import graph_sources
+    from engine.sources import classify_sources, read_kafka
+    from schema.demo import CATALOG
+
+    run = f"viewgate-warm-up-{os.getpid()}-{time.time_ns()}"
+    sources = [replace(s, topic=f"{run}.{s.topic}") for s in graph_sources(CATALOG)]
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for source in sources:
+        for i in range(records):
+            # Empty objects parse as rows of nulls: the same generated code as real ones.
+            value = b"not json" if i == 0 else b"{}"
+            producer.produce(source.topic, key=f"k{i % 7}".encode(), value=value)
+        producer.produce(source.topic, key=b"k0", value=None)
+    if producer.flush(60):
+        raise RuntimeError("the warm-up's records were not delivered within 60 s")
+    read: list[int] = []
+    classified = classify_sources(
+        read_kafka(spark, settings, ",".join(s.topic for s in sources)), sources)
+    query = (classified.writeStream.foreachBatch(lambda batch, _: read.append(len(rows_of(batch))))
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(180)
+    finally:
+        query.stop()
+    return sum(read)
+
+
 if __name__ == "__main__":
-    _warm_up(sys.argv[1], sys.argv[2])
+    _warm_up(*sys.argv[1:4])

@@ -54,3 +54,24 @@ def test_building_an_archive_deletes_those_whose_jars_changed(tmp_path):
     assert prune_stale_archives(settings) == [kept]
     assert not kept.with_suffix(".json").exists()
     assert current.is_file()
+
+
+def test_an_archive_from_an_older_warm_up_is_made_again_and_pruned(tmp_path, monkeypatch):
+    """The archive holds only what its warm-up loaded: a warm-up that loads more (the read
+    through a broker) names a new archive, and the older one is deleted."""
+    from engine import class_archive
+    from engine.class_archive import _inputs, prune_stale_archives
+
+    jar = tmp_path / "connector.jar"
+    jar.write_bytes(b"jar")
+    settings = Settings(spark_jars=str(jar), cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(class_archive, "WARM_UP", 1)
+    older = archive_path(settings)
+    older.parent.mkdir(parents=True)
+    older.write_bytes(b"archive")
+    older.with_suffix(".json").write_text(json.dumps(_inputs(settings)))
+
+    monkeypatch.setattr(class_archive, "WARM_UP", 2)
+    assert archive_path(settings) != older
+    assert prune_stale_archives(settings) == [older]
+    assert not older.with_suffix(".json").exists()

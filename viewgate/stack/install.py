@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 from schema.settings import Settings
 from viewgate.stack import jars
 from viewgate.stack.dashboard import build_dashboard
 from viewgate.stack.errors import StackError
-from viewgate.stack.kafka import java_executable
+from viewgate.stack.kafka import KafkaBroker, java_executable
+from viewgate.stack.process import free_port
 
 
 def java_major_version() -> int:
@@ -90,14 +93,28 @@ def setup(settings: Settings, say=print) -> None:
 
 
 def ensure_class_archive(settings: Settings) -> str:
-    """Spark's JVM class-data archive (engine.class_archive), built once per machine."""
+    """Spark's JVM class-data archive (engine.class_archive), built once per machine, with
+    a Kafka broker of its own for the warm-up's read (stopped before this returns)."""
     from engine.class_archive import archive_path, build_archive
 
     path = archive_path(settings)
     if path.is_file():
         return str(path)
     started = time.monotonic()
-    built = build_archive(settings)
+    with tempfile.TemporaryDirectory(prefix="viewgate-cds-kafka-") as folder:
+        broker = KafkaBroker(Path(folder), free_port(), settings.jar_dir / "kafka")
+        try:
+            broker.start(timeout_s=settings.startup_timeout_s)
+        except StackError as error:  # the archive still helps without the read's classes
+            broker.stop()
+            built = build_archive(settings)
+            without = f"; without a broker ({str(error).splitlines()[0]}), so without the read"
+        else:
+            try:
+                built = build_archive(settings, kafka_bootstrap=broker.bootstrap)
+            finally:
+                broker.stop()
+            without = ""
     if built is None:
         return "could not be built; Spark starts without it (slower)"
-    return f"{built} (built in {time.monotonic() - started:.0f} s)"
+    return f"{built} (built in {time.monotonic() - started:.0f} s{without})"
