@@ -1,6 +1,6 @@
 """The class archive's warm-up reads as the engine does (engine.class_archive.warm_up_read):
-through a real broker, so that the archive holds the Kafka client's classes and the read's
-generated code, with real Spark."""
+through a real broker, so that the archive holds the Kafka client's classes; with real
+Spark."""
 
 from __future__ import annotations
 
