@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pyspark
+from pyspark.sql import SparkSession
 
 from schema.settings import Settings
 
@@ -192,7 +193,8 @@ def _warm_up(archive: str, work: str, kafka_bootstrap: str = "") -> None:
     spark.stop()
 
 
-def warm_up_read(spark: Any, settings: Settings, checkpoint: str, records: int = 50) -> int:
+def warm_up_read(spark: SparkSession, settings: Settings, checkpoint: str,
+                 records: int = 50) -> int:
     """The graph query's read (engine.sources, engine.frames) of the demo's sources, each
     renamed to a warm-up topic of its own on `settings.kafka_bootstrap`: records of every
     kind (good, malformed, a tombstone) produced, then read in one batch with Kafka's

@@ -103,18 +103,16 @@ def ensure_class_archive(settings: Settings) -> str:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="viewgate-cds-kafka-") as folder:
         broker = KafkaBroker(Path(folder), free_port(), settings.jar_dir / "kafka")
+        bootstrap, without = None, ""
         try:
             broker.start(timeout_s=settings.startup_timeout_s)
+            bootstrap = broker.bootstrap
         except StackError as error:  # the archive still helps without the read's classes
-            broker.stop()
-            built = build_archive(settings)
             without = f"; without a broker ({str(error).splitlines()[0]}), so without the read"
-        else:
-            try:
-                built = build_archive(settings, kafka_bootstrap=broker.bootstrap)
-            finally:
-                broker.stop()
-            without = ""
+        try:
+            built = build_archive(settings, kafka_bootstrap=bootstrap)
+        finally:
+            broker.stop()
     if built is None:
         return "could not be built; Spark starts without it (slower)"
     return f"{built} (built in {time.monotonic() - started:.0f} s{without})"
