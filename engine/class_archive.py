@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -39,11 +40,16 @@ from pyspark.sql import SparkSession
 
 from schema.settings import Settings
 
+log = logging.getLogger("viewgate.engine.class_archive")
+
 
 def archive_path(settings: Settings) -> Path:
     """Where the archive of this machine's Java and jars lives (it may not exist)."""
     return _path_of(settings, _digest(_inputs(settings)))
 
+
+# The warm-up's note (on its stderr) that its read failed, passed on by build_archive.
+_READ_FAILED = "viewgate class archive: the warm-up's read failed"
 
 # What the warm-up runs, by version: an archive made by an older warm-up lacks classes a
 # newer one loads, so it is made again (and pruned).
@@ -66,7 +72,7 @@ def _digest(inputs: dict[str, Any]) -> str:
     # archive failed to load"): a virtualenv made again at the same path (a fresh clone)
     # has the same jars with new times, and needs an archive of its own.
     parts = [inputs["java"], inputs["pyspark"], *map(_stamp, inputs["jars"]),
-             f"warm-up {inputs.get('warm_up', 1)}"]
+             f"warm-up {inputs['warm_up']}"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
@@ -90,9 +96,10 @@ def prune_stale_archives(settings: Settings) -> list[Path]:
     for archive in sorted((settings.cache_dir / "jvm").glob("spark-*.jsa")):
         inputs = archive.with_suffix(".json")
         try:
+            # Inputs recorded before the warm-up had a version lack it: stale (KeyError).
             recorded = json.loads(inputs.read_text())
             stale = (_digest(recorded) != archive.stem.removeprefix("spark-")
-                     or recorded.get("warm_up", 1) != WARM_UP)
+                     or recorded["warm_up"] != WARM_UP)
         except (OSError, ValueError, KeyError, TypeError):
             stale = True
         if stale:
@@ -134,6 +141,9 @@ def build_archive(settings: Settings, timeout_s: float = 600,
     if child.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
         partial.unlink(missing_ok=True)
         return None
+    for line in errors.decode(errors="replace").splitlines():
+        if line.startswith(_READ_FAILED):  # made, but without the read's classes
+            log.warning("%s", line)
     path.with_suffix(".json").write_text(json.dumps(inputs))
     partial.rename(path)
     prune_stale_archives(settings)
@@ -179,7 +189,7 @@ def _warm_up(archive: str, work: str, kafka_bootstrap: str = "") -> None:
             warm_up_read(spark, settings.model_copy(update={"kafka_bootstrap": kafka_bootstrap}),
                          f"{work}/read-checkpoint")
         except Exception as error:  # noqa: BLE001 - the rest of the archive is still worth it
-            print(f"the warm-up's read failed; archived without it: {error}", file=sys.stderr)
+            print(f"{_READ_FAILED}; archived without it: {error}", file=sys.stderr)
     else:  # the Kafka connector's classes at least (nothing is read)
         kafka = spark.readStream.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
         kafka.option("subscribe", "warm-up").load().selectExpr("CAST(value AS STRING)").explain()
