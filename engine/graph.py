@@ -79,7 +79,14 @@ from engine.sources import (
     source_columns,
     value_column,
 )
-from engine.stream_aggregates import META_MAX_EVENT_TIME, Seen, StreamAggregate, StreamBatch
+from engine.stream_aggregates import (
+    META_MAX_EVENT_TIME,
+    Partial,
+    Seen,
+    StreamAggregate,
+    StreamBatch,
+)
+from engine.task_read import EVENT, TaskRead, TopicLayout
 from engine.threads import started_threads
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
@@ -141,11 +148,22 @@ def graph_checkpoint(settings: Settings, generation: int) -> str:
 @dataclass
 class _Records:
     """One source's records in a batch: the last per key (None: tombstoned), the bad, and
-    (for the stream aggregates that read it) every good one that is not a tombstone."""
+    (for the stream aggregates that read it) every good one that is not a tombstone and
+    that no task folded."""
 
     latest: dict[str, dict[str, Any] | None]
     bad: list[dict[str, Any]]
     events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Read:
+    """A batch's records per source, and what Spark's tasks folded of each stream
+    aggregate's events (engine.task_read), with the largest event time they started from."""
+
+    records: dict[str, _Records]
+    partials: dict[str, list[Partial]] = field(default_factory=dict)
+    seen: dict[str, Seen] = field(default_factory=dict)
 
 
 class GraphBatch:
@@ -230,7 +248,15 @@ class GraphBatch:
         self.compute_threads = started_threads(len(self.views), "graph-view")
         self.delta_threads = started_threads(len(self.views), "graph-delta")
         self.redis = connect_redis(settings.redis_url)  # the graph's applies and marks
-        self._layout: dict[str, tuple[str, str, list[str], bool, bool]] | None = None
+        self._layout: dict[str, tuple[TopicLayout, bool]] | None = None
+        # The read in Spark's tasks when every stream aggregate is evaluated without Spark
+        # (engine.task_read); else the batch's records all come to the driver.
+        self.task_read = (TaskRead(list(self.streams.values()), schemas)
+                          if settings.engine_task_read
+                          and all(s.in_driver is not None for s in self.streams.values())
+                          else None)
+        log.info("the batch's records are %s", "folded by Spark's tasks" if self.task_read
+                 else "collected into the driver")
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
                                      fence=f"{s.name}/graph{self.generation}")
@@ -243,15 +269,16 @@ class GraphBatch:
             # A rebuild switched the graph's views to a new generation: the engine
             # restarts the query on it (engine.runner.follow_rebuilds).
             return
-        records: Mapping[str, _Records] = {}
+        read = _Read({})
         covers: dict[str, Any] = {}
         if len(held) < len(self.views):
             # What the batch covers, recorded by every view it commits: read once, not once
             # a view (in a bucket, a GET each).
             covers = offsets_fields(self.checkpoint, batch_id)
-            records = self._read(batch)
+            read = self._read(batch, {n: self._seen(self.committers[n])
+                                      for n in self.streams if n not in held})
             for name, writer in self.dead_letters.items():
-                writer.publish(records[name].bad, batch_id)
+                writer.publish(read.records[name].bad, batch_id)
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
         self.stream_batches = {}
         try:
@@ -261,7 +288,7 @@ class GraphBatch:
             for view in self.views:  # in dependency order: its inputs are submitted
                 inputs = {n: computing[n] for n in view.reads if n in computing}
                 computing[view.name] = self.compute_threads.submit(
-                    self._compute, view, records, covers, batch_id, held, inputs)
+                    self._compute, view, read, covers, batch_id, held, inputs)
             wait(computing.values())  # every view done, also when one failed
             pending = {name: f.result() for name, f in computing.items()}
             lap = time.perf_counter()
@@ -323,7 +350,7 @@ class GraphBatch:
                 held.add(view.name)
         return held
 
-    def _compute(self, view: View, records: Mapping[str, _Records], covers: Mapping[str, Any],
+    def _compute(self, view: View, read: _Read, covers: Mapping[str, Any],
                  batch_id: int, held: set[str], inputs: Mapping[str, Future[Pending]]
                  ) -> Pending:
         """The view's batch, ready to commit: computed from the records and its inputs'
@@ -335,12 +362,13 @@ class GraphBatch:
             return committer.stored(batch_id)
         started = time.perf_counter()
         if view.kind is ViewKind.UPSERT:
-            rows, deleted = self._upsert(view, records[view.source].latest)
+            rows, deleted = self._upsert(view, read.records[view.source].latest)
             prepared = committer.prepare(batch_id, rows, deleted, covers=covers)
         elif view.kind in STREAM_KINDS:
             done = self.streams[view.name].batch(
-                self.sessions[view.name], records[view.source].events,
-                self._seen(committer), lambda keys: self._before(committer, keys))
+                self.sessions[view.name], read.records[view.source].events,
+                read.seen[view.name], lambda keys: self._before(committer, keys),
+                read.partials.get(view.name, ()))
             prepared = committer.prepare(batch_id, done.rows, (), done.before, meta=done.meta,
                                          covers=covers)
             self.stream_batches[view.name] = done
@@ -398,43 +426,49 @@ class GraphBatch:
             latest.decode().replace("Z", "+00:00"))
         return Seen(moment, int(late or 0))
 
-    def _read(self, batch: DataFrame) -> dict[str, _Records]:
-        """The batch's records per source, in one Spark job."""
+    def _read(self, batch: DataFrame, seen: Mapping[str, Seen]) -> _Read:
+        """The batch's records per source, in one Spark job: folded by its tasks
+        (engine.task_read), or all of them collected. `seen`: the stream aggregates'
+        meta before the batch."""
         records = {s.name: _Records({}, []) for s in self.sources}
         if self._layout is None:  # the query's schema: one py4j call, once
             self._layout = self._value_layout(batch)
-        by_topic = {topic: (records[name], *rest) for topic, (name, *rest) in self._layout.items()}
-        for row in rows_of(batch):
-            into, column, wanted, same, stream = by_topic[row["_topic"]]
+        partials: dict[str, list[Partial]] = {}
+        if self.task_read is not None:
+            folded = self.task_read.fold(batch, {t: layout for t, (layout, _) in
+                                                 self._layout.items()},
+                                         {n: s.max_event_time for n, s in seen.items()})
+            rows, partials = folded.records, folded.partials
+        else:
+            rows = rows_of(batch)
+        by_topic = {topic: (records[layout.source], layout, stream)
+                    for topic, (layout, stream) in self._layout.items()}
+        for row in rows:
+            into, layout, stream = by_topic[row["_topic"]]
+            # A task hands the driver its events only when it could not fold them.
+            handed = row.pop(EVENT, None)
             if row["_error"] is not None:
                 into.bad.append(row)
             elif row["_tombstone"]:
                 into.latest[row["_kafka_key"]] = None
             else:
-                value = row[column]
-                if same:
-                    value.pop(CORRUPT, None)
-                    event = value
-                else:
-                    event = {c: value[c] for c in wanted}
+                event = layout.event(row[layout.column])
                 # A key lives in one partition, in order: the last record wins.
                 into.latest[row["_kafka_key"]] = event
-                if stream:
+                if stream and (handed or self.task_read is None):
                     into.events.append(event)
-        return records
+        return _Read(records, partials, dict(seen))
 
-    def _value_layout(self, batch: DataFrame) -> dict[str, tuple[str, str, list[str], bool, bool]]:
-        """Per topic: its source, the column holding its records' parsed value, the
-        source's columns, whether that struct holds exactly them in order besides Spark's
-        corrupt-record field (then the struct, made for the batch, is the event), and
-        whether a stream aggregate reads the source's events."""
+    def _value_layout(self, batch: DataFrame) -> dict[str, tuple[TopicLayout, bool]]:
+        """Per topic: where its records are in the batch (engine.task_read.TopicLayout),
+        and whether a stream aggregate reads the source's events."""
         streamed = {self.catalog.view(v).source for v in self.streams}
         layout = {}
         for i, source in enumerate(self.sources):
             column, wanted = value_column(i), source_columns(source)
             parsed = batch.schema[column].dataType.fieldNames()
-            layout[source.topic] = (source.name, column, wanted,
-                                    [f for f in parsed if f != CORRUPT] == wanted,
+            same = [f for f in parsed if f != CORRUPT] == wanted
+            layout[source.topic] = (TopicLayout(source.name, column, tuple(wanted), same),
                                     source.name in streamed)
         return layout
 

@@ -49,6 +49,18 @@ class StreamBatch:
     meta: dict[str, Any]
     late: int = 0  # events of the batch behind the watermark
 
+
+@dataclass
+class Partial:
+    """What some of a batch's events add to a stream aggregate: the view's rows over those
+    on time (not yet combined with the stored rows), how many were late, and the largest
+    event time seen after them."""
+
+    rows: list[Row]
+    late: int
+    latest: datetime.datetime | None
+
+
 class StreamAggregate:
     def __init__(self, view: View, source: Source, schema: StructType) -> None:
         plan = combine_plan(view.sql, view.key)
@@ -67,24 +79,50 @@ class StreamAggregate:
         self.in_driver = grouped_query(view.sql, schema)
 
     def batch(self, session: SparkSession, events: Sequence[Row], seen: Seen,
-              stored: Callable[[list[str]], Before]) -> StreamBatch:
-        """`events`: the source's valid records of the batch; `stored` reads what Redis
-        holds for keys (rows in JSON form)."""
-        kept, late, latest = self._on_time(events, seen.max_event_time)
+              stored: Callable[[list[str]], Before],
+              partials: Sequence[Partial] = ()) -> StreamBatch:
+        """`events`: the source's valid records of the batch that no task folded;
+        `partials`: what Spark's tasks folded of the others (engine.task_read); `stored`
+        reads what Redis holds for keys (rows in JSON form)."""
+        if events or not partials:
+            kept, late, latest = self._on_time(events, seen.max_event_time)
+            added = driver_or_spark(session, self.in_driver, self.view.sql, kept,
+                                    self.schema, self.source.name) if kept else []
+            partials = [*partials, Partial(added, late, latest)]
+        return self.finish(partials, seen, stored)
+
+    def partial(self, events: Sequence[Row], max_event_time: datetime.datetime | None
+                ) -> Partial:
+        """What some of the batch's events add, without Spark (in a task): the view's SQL
+        over those on time. Raises OutsideSubset where only Spark can answer (a BIGINT
+        overflow); needs `in_driver`."""
+        assert self.in_driver is not None
+        kept, late, latest = self._on_time(events, max_event_time)
+        return Partial(self.in_driver.rows(kept) if kept else [], late, latest)
+
+    def finish(self, partials: Sequence[Partial], seen: Seen,
+               stored: Callable[[list[str]], Before]) -> StreamBatch:
+        """The batch from what each part of its events added: their rows of one key
+        combined, then with the stored row."""
+        late = sum(p.late for p in partials)
+        latest = max((p.latest for p in partials if p.latest is not None),
+                     default=seen.max_event_time)
         meta: dict[str, Any] = {}
         if self.delay_ms is not None:
             meta[META_LATE_EVENTS] = seen.late_events + late
             if latest is not None:
                 meta[META_MAX_EVENT_TIME] = iso_utc(latest)
                 meta[META_WATERMARK] = iso_utc(self._watermark(latest))
-        if not kept:
+        added: dict[str, Row] = {}
+        for part in partials:
+            for row in part.rows:
+                key = key_of(row, self.view.key)
+                known = added.get(key)
+                added[key] = row if known is None else self._added(known, row)
+        if not added:
             return StreamBatch([], None, meta, late)
-        added = driver_or_spark(session, self.in_driver, self.view.sql, kept, self.schema,
-                                self.source.name)
-        keys = [key_of(row, self.view.key) for row in added]
-        before = stored(keys)
-        rows = [self._combined(row, before.rows.get(key)) for key, row in zip(keys, added,
-                                                                               strict=True)]
+        before = stored(list(added))
+        rows = [self._combined(row, before.rows.get(key)) for key, row in added.items()]
         return StreamBatch(rows, before, meta, late)
 
     def _watermark(self, latest: datetime.datetime) -> datetime.datetime:
@@ -111,19 +149,23 @@ class StreamAggregate:
         return kept, len(events) - len(kept), latest
 
     def _combined(self, added: Row, stored: Row | None) -> Row:
-        """The stored row (JSON form) with what the batch added (as Spark computed it)."""
+        """The stored row (JSON form) with what the batch added (Python values)."""
         if stored is None:
             return added
-        row = dict(added)
+        return self._added({c: from_json_value(self.fields[c].python_type, stored.get(c))
+                            for c in self.combines}, added)
+
+    def _added(self, old: Row, new: Row) -> Row:
+        """`new` with each combined column of `old` (Python values) added to it."""
+        row = dict(new)
         for column, kind in self.combines.items():
-            old = from_json_value(self.fields[column].python_type, stored.get(column))
-            new = added[column]
-            if old is None or new is None:
-                row[column] = new if old is None else old
+            before, now = old.get(column), new[column]
+            if before is None or now is None:
+                row[column] = now if before is None else before
             elif kind == "sum":
-                row[column] = old + new
+                row[column] = before + now
             else:
-                row[column] = min(old, new) if kind == "min" else max(old, new)
+                row[column] = min(before, now) if kind == "min" else max(before, now)
         return row
 
 

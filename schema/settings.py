@@ -86,6 +86,14 @@ class Settings(BaseSettings):
         "memory and taking longer than the last (a 30-minute run behind its input grew "
         "batches to a minute and the driver to 4 GiB). 0: no limit.",
     )
+    engine_task_read: bool = Field(
+        False,
+        description="The graph query's tasks fold each batch's records before they reach "
+        "the driver (the last record per key; what each stream aggregate's events add), "
+        "when every stream aggregate is evaluated without Spark. Off by default: on two "
+        "local cores the Python tasks' round trip costs more than the driver saves "
+        "(docs/engine-plan.md).",
+    )
     engine_metrics_port: int = Field(
         9464, description="Port of the engine's Prometheus /metrics; 0 turns it off."
     )

@@ -50,18 +50,24 @@ def _records(spark, settings, catalog, since: dict[str, dict[str, int]]):
     return classify_sources(raw, sources), ends
 
 
+@pytest.mark.parametrize("task_read", [False, True], ids=["driver-read", "task-read"])
 def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
-        spark, settings, tmp_path, monkeypatch):
-    settings = isolated(settings, tmp_path, redis_db=24)
+        spark, settings, tmp_path, monkeypatch, task_read):
+    """Also with the batch's records folded by Spark's tasks (engine.task_read): the
+    replay recomputes ProductSales from what the tasks folded of the same records."""
+    settings = isolated(settings, tmp_path, redis_db=24).model_copy(
+        update={"engine_task_read": task_read})
     client = redis.Redis.from_url(settings.redis_url)
     client.flushdb()
-    catalog = catalog_on(PREFIX)
+    prefix = f"{PREFIX}{'tasks' if task_read else ''}"  # topics of its own
+    catalog = catalog_on(prefix)
     generations, schemas = prepare(spark, settings, catalog)
-    customers, orders = in_time_events(PREFIX, 600)
+    customers, orders = in_time_events(prefix, 600)
     half = len(customers) // 2
     produce(settings.kafka_bootstrap, customers[:half] + orders[:300])
     step = GraphBatch(spark, settings, catalog, generations, schemas,
                       str(tmp_path / "checkpoint"), dead_letters=False)
+    assert (step.task_read is not None) == task_read
     batch, ends = _records(spark, settings, catalog, {})
     step(batch, 0)
     assert view_mismatches(client, customers[:half], orders[:300]) == []

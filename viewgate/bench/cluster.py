@@ -6,12 +6,16 @@ exact in Redis and Delta afterwards) runs three times on the same events:
 - on `local[2]` (Spark's executors are threads of the driver's JVM);
 - on a Spark standalone master with two workers of one core each (viewgate.stack.
   spark_standalone), with `spark.cores.max` 1: one executor;
-- the same with `spark.cores.max` 2: an executor on each worker.
+- the same with `spark.cores.max` 2: an executor on each worker;
+- on `local[2]` and on the two workers again with the batch's read folded by Spark's
+  tasks (the setting `engine_task_read`, engine.task_read): Python tasks, not the driver,
+  keep each key's last record and fold ProductSales's events.
 
 Meanwhile the CPU of the engine's processes is sampled from /proc every half second: the
 driver (this process: Python, and its JVM) against the executors (the JVMs the workers
-launched; on `local[2]` the JVM's task threads, "Executor task launch worker"). The
-driver's share is the driver's CPU over all of it, over the graph query's run.
+launched; on `local[2]` the JVM's task threads, "Executor task launch worker"; and the
+Python workers of either, which run the tasks' Python). The driver's share is the driver's
+CPU over all of it, over the graph query's run.
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ FIGURES = (
     Figure("engine_driver_cpu_share_local", "driver CPU / all engine CPU, local[2]", "share"),
     Figure("engine_driver_cpu_share_cluster", "the same, two workers", "share"),
     Figure("engine_executor_cores_cluster", "executor CPU, two workers", "cores"),
+    Figure("engine_events_per_s_local_task_read", "events/s, local[2], read folded in tasks",
+           "events/s"),
+    Figure("engine_events_per_s_2_workers_task_read", "the same, two workers", "events/s"),
+    Figure("engine_driver_cpu_share_local_task_read", "driver CPU share, local[2], read in "
+           "tasks", "share"),
+    Figure("engine_driver_cpu_share_cluster_task_read", "the same, two workers", "share"),
 )
 
 _SAMPLE_S = 0.5
@@ -65,6 +75,24 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], _children(pid)
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        try:
+            todo += _children(child)
+        except OSError:
+            continue  # ended while we looked
+    return out
+
+
+def _python_workers(jvm: int) -> list[int]:
+    """The PySpark daemon a JVM started and the workers it forked (they keep its command
+    line): where tasks run Python (mapInArrow)."""
+    return [p for p in _descendants(jvm) if b"pyspark" in _cmdline(p)]
 
 
 def _thread_cpu(pid: int, wanted: Callable[[str], bool]) -> dict[int, float]:
@@ -98,14 +126,20 @@ class CpuSampler:
     def _readings(self) -> dict[tuple[str, int], float]:
         out = {("driver", os.getpid()): cpu_seconds(os.getpid())}
         out[("driver", self.jvm)] = cpu_seconds(self.jvm)
+        executors = []
         if self.worker_pids:
             for worker in self.worker_pids:
                 for pid in _children(worker):
                     if b"CoarseGrainedExecutorBackend" in _cmdline(pid):
+                        executors.append(pid)
                         out[("executor", pid)] = cpu_seconds(pid)
         else:  # local: the executors are the driver JVM's task threads
+            executors.append(self.jvm)
             for tid, seconds in _thread_cpu(self.jvm, lambda n: n.startswith(_TASK_THREAD)).items():
                 out[("executor", -tid)] = seconds
+        for jvm in executors:
+            for pid in _python_workers(jvm):
+                out[("python", pid)] = cpu_seconds(pid)
         return out
 
     def _sample(self) -> None:
@@ -132,16 +166,21 @@ class CpuSampler:
             self._thread.join()
             self._sample()
 
-    def seconds(self, role: str) -> float:
+    def _role(self, role: str) -> float:
         return sum(self.last[k] - self.first[k] for k in self.last if k[0] == role)
 
+    def seconds(self, role: str) -> float:
+        """The driver's or the executors' CPU seconds. On local[2] the task threads' CPU
+        counts as the executors', not twice (the JVM's total holds them); the Python
+        workers' counts as the executors' everywhere."""
+        if role == "driver":
+            local_tasks = 0.0 if self.worker_pids else self._role("executor")
+            return self._role("driver") - local_tasks
+        return self._role("executor") + self._role("python")
+
     def driver_share(self) -> float:
-        """The driver's CPU over all of it; on local[2] the task threads' CPU is counted as
-        the executors', not twice (the JVM's total holds them)."""
-        driver, executors = self.seconds("driver"), self.seconds("executor")
-        if not self.worker_pids:
-            driver -= executors
-        return driver / (driver + executors)
+        driver = self.seconds("driver")
+        return driver / (driver + self.seconds("executor"))
 
 
 def _graph_run(ctx: BenchContext, spark: Any, name: str, catalog: Any, events: int,
@@ -211,6 +250,8 @@ def run(ctx: BenchContext) -> GroupResult:
     placed = sum(r["current"] for r in loaded)
 
     local = _graph_run(ctx, _session(ctx, "local[2]", {}), "local", catalog, events, placed, [])
+    local_tasks = _graph_run(ctx, ctx.spark_session, "local-task-read", catalog, events, placed,
+                             [], engine_task_read=True)
     standalone = SparkStandalone(ctx.workdir / "spark", workers=2, cores_per_worker=1,
                                  memory_per_worker="1g")
     standalone.start()
@@ -223,6 +264,8 @@ def run(ctx: BenchContext) -> GroupResult:
                 "spark.executor.memory": "768m"})
             runs[cores] = _graph_run(ctx, spark, f"standalone-{cores}", catalog, events,
                                      placed, worker_pids)
+        runs_tasks = _graph_run(ctx, spark, "standalone-2-task-read", catalog, events, placed,
+                                worker_pids, engine_task_read=True)
     finally:
         _stop_session(ctx)  # before its workers go
         standalone.stop()
@@ -233,8 +276,14 @@ def run(ctx: BenchContext) -> GroupResult:
         "engine_driver_cpu_share_local": local["driver_share"],
         "engine_driver_cpu_share_cluster": runs[2]["driver_share"],
         "engine_executor_cores_cluster": runs[2]["executor_cores"],
+        "engine_events_per_s_local_task_read": local_tasks["events_per_s"],
+        "engine_events_per_s_2_workers_task_read": runs_tasks["events_per_s"],
+        "engine_driver_cpu_share_local_task_read": local_tasks["driver_share"],
+        "engine_driver_cpu_share_cluster_task_read": runs_tasks["driver_share"],
         "engine_cluster_events": events,
-        "engine_cluster_profile": {"local": local, "1_worker": runs[1], "2_workers": runs[2]},
+        "engine_cluster_profile": {"local": local, "1_worker": runs[1], "2_workers": runs[2],
+                                   "local_task_read": local_tasks,
+                                   "2_workers_task_read": runs_tasks},
     })
 
 

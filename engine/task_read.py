@@ -1,0 +1,224 @@
+"""The graph's read done by Spark's tasks: each task folds its Kafka partitions' records
+before they reach the driver (issue 16's stage A, its first step: docs/engine-plan.md).
+
+A task keeps, per source, the last record of each key (a key lives in one partition, in
+order), passes bad records through for the dead-letter topics, and folds the events the
+stream aggregates read into what they add (engine.stream_aggregates.Partial): for a
+throughput batch of 20,000 orders the driver receives about 13,500 records and a few
+hundred partial rows, not 20,000 records to deduplicate and aggregate itself.
+
+Off by default (the setting `engine_task_read`): on two local cores a Python task's round
+trip costs about 110 ms more a job than the driver's own collect, even for 500 records,
+and a 20,000-event batch's read took 1,104 ms against 732 while the driver's views saved
+about 170 ms (docs/engine-plan.md). It is for executors on other hosts than the driver's.
+
+Tasks write nothing and read nothing but their records, so a retried task returns the same
+answer and exactly once rests on the graph's commit as before. What a task cannot fold
+without Spark (a sum past BIGINT) it hands over as events, which the driver aggregates as
+it does on its own path.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BooleanType,
+    ByteType,
+    LongType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from engine.driver_sql import OutsideSubset
+from engine.sources import CORRUPT
+from engine.stream_aggregates import Partial, StreamAggregate
+from schema.arrow_rows import arrow_rows
+
+Row = dict[str, Any]
+
+FOLD = "_fold"  # what an output row is: one of the three below
+RECORD, PARTIAL, STATS = 0, 1, 2
+EVENT = "_event"  # a record whose event the driver aggregates (its task could not)
+
+
+def agg_column(stream: int) -> str:
+    return f"_agg{stream}"  # a row the stream-th aggregate's events add (PARTIAL rows)
+
+
+def late_column(stream: int) -> str:
+    return f"_late{stream}"  # its late events in the task (the STATS row)
+
+
+def latest_column(stream: int) -> str:
+    return f"_latest{stream}"  # its largest event time after the task (the STATS row)
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    """Where a topic's records are in the batch: its source, the column of their parsed
+    value, the source's columns, and whether that struct holds exactly them (then it is
+    the event as it is, less Spark's corrupt-record field)."""
+
+    source: str
+    column: str
+    wanted: tuple[str, ...]
+    same: bool
+
+    def event(self, value: Row) -> Row:
+        """A good record's parsed value as the source's event."""
+        if self.same:
+            value.pop(CORRUPT, None)
+            return value
+        return {c: value[c] for c in self.wanted}
+
+
+@dataclass(frozen=True)
+class Folded:
+    """What the tasks returned: the records (the last per key, the bad ones, the events
+    left to the driver, each flagged EVENT) as Python rows in the batch's order, and per
+    stream aggregate what its events added."""
+
+    records: list[Row]
+    partials: dict[str, list[Partial]]
+
+
+class TaskRead:
+    """The graph query's read in Spark's tasks, for `streams` (the graph's stream
+    aggregates, each evaluated without Spark)."""
+
+    def __init__(self, streams: Sequence[StreamAggregate], view_schemas: Mapping[str, StructType]
+                 ) -> None:
+        self.streams = list(streams)
+        self.view_schemas = view_schemas
+
+    def fold(self, batch: DataFrame, layout: Mapping[str, TopicLayout],
+             seen: Mapping[str, datetime.datetime | None]) -> Folded:
+        """Run the batch's read as tasks and collect what they folded. `seen`: each stream
+        aggregate's largest event time before the batch (its watermark's base)."""
+        schema = self.output_schema(batch.schema)
+        fold = TaskFold(layout, [(s.source.topic, s, seen.get(s.view.name))
+                                 for s in self.streams],
+                        to_arrow_schema(schema, timezone="UTC"))
+        return self.collected(batch.mapInArrow(fold, schema).toArrow(), len(batch.columns))
+
+    def output_schema(self, batch: StructType) -> StructType:
+        # Every column may be null: a partial row has no record, a record no partial.
+        fields = [*_nullable(batch).fields, StructField(FOLD, ByteType(), False),
+                  StructField(EVENT, BooleanType(), True)]
+        for i, stream in enumerate(self.streams):
+            fields += [StructField(agg_column(i), _nullable(self.view_schemas[stream.view.name]),
+                                   True),
+                       StructField(late_column(i), LongType(), True),
+                       StructField(latest_column(i), TimestampType(), True)]
+        return StructType(fields)
+
+    def collected(self, table: pa.Table, inputs: int) -> Folded:
+        """The tasks' output as the driver reads it; `inputs`: the batch's own columns,
+        which come first."""
+        kinds = table.column(FOLD)
+        records = table.filter(pc.equal(kinds, RECORD)).select(
+            [*table.column_names[:inputs], EVENT])
+        partials: dict[str, list[Partial]] = {}
+        stats = arrow_rows(table.filter(pc.equal(kinds, STATS)).select(
+            [c for i in range(len(self.streams)) for c in (late_column(i), latest_column(i))]))
+        added = table.filter(pc.equal(kinds, PARTIAL))
+        for i, stream in enumerate(self.streams):
+            rows = [r for r in arrow_rows(added.select([agg_column(i)]))
+                    if r[agg_column(i)] is not None]
+            # One partial per task that folded; its rows with the first (any order does).
+            parts = [Partial([], s[late_column(i)], s[latest_column(i)]) for s in stats]
+            if parts:
+                parts[0].rows = [r[agg_column(i)] for r in rows]
+            partials[stream.view.name] = parts
+        return Folded(arrow_rows(records), partials)
+
+
+def _nullable(schema: StructType) -> StructType:
+    return StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
+
+
+class TaskFold:
+    """mapInArrow's function: one task's records folded (see the module docstring).
+    Pickled to the tasks; it holds no client and no Spark session."""
+
+    def __init__(self, layout: Mapping[str, TopicLayout],
+                 streams: Sequence[tuple[str, StreamAggregate, datetime.datetime | None]],
+                 schema: pa.Schema) -> None:
+        self.layout = dict(layout)
+        self.streams = list(streams)  # (topic, the aggregate, its largest event time)
+        self.schema = schema
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        read = list(batches)
+        if not read:
+            return
+        table = pa.Table.from_batches(read)
+        keep: list[int] = []  # bad records, in order
+        last: dict[tuple[str, str], int] = {}  # (topic, key) -> its last record
+        events: dict[str, list[int]] = {topic: [] for topic, _, _ in self.streams}
+        columns = zip(table.column("_topic").to_pylist(), table.column("_kafka_key").to_pylist(),
+                      table.column("_error").is_null().to_pylist(),
+                      table.column("_tombstone").to_pylist(), strict=True)
+        for i, (topic, key, good, tombstone) in enumerate(columns):
+            if not good:
+                keep.append(i)
+                continue
+            last[(topic, key)] = i
+            if not tombstone and topic in events:
+                events[topic].append(i)
+        partials = self._partials(table, events)
+        handed = set() if partials is not None else {i for e in events.values() for i in e}
+        kept = sorted({*keep, *last.values(), *handed})
+        records = table.take(pa.array(kept, pa.int64()))
+        yield from self._records(records, [i in handed for i in kept]).to_batches()
+        if partials is not None:
+            yield from self._partial_rows(partials).to_batches()
+
+    def _partials(self, table: pa.Table, events: Mapping[str, list[int]]
+                  ) -> list[Partial] | None:
+        """What each stream aggregate's events in this task add; None when one of them
+        needs Spark (then the driver aggregates this task's events)."""
+        values: dict[str, list[Row]] = {}
+        for topic, at in events.items():
+            layout = self.layout[topic]
+            picked = table.take(pa.array(at, pa.int64())).select([layout.column])
+            values[topic] = [layout.event(r[layout.column]) for r in arrow_rows(picked)]
+        try:
+            return [stream.partial(values[topic], seen) for topic, stream, seen in self.streams]
+        except OutsideSubset:
+            return None
+
+    def _records(self, records: pa.Table, handed: list[bool]) -> pa.Table:
+        count = records.num_rows
+        columns = list(records.columns)
+        columns += [pa.array([RECORD] * count, pa.int8()), pa.array(handed, pa.bool_())]
+        columns += [pa.nulls(count, f.type) for f in list(self.schema)[len(columns):]]
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+    def _partial_rows(self, partials: Sequence[Partial]) -> pa.Table:
+        """One PARTIAL row per row a stream aggregate's events add, then one STATS row."""
+        count = sum(len(p.rows) for p in partials) + 1
+        columns: dict[str, pa.Array] = {
+            FOLD: pa.array([PARTIAL] * (count - 1) + [STATS], pa.int8())}
+        start = 0
+        for i, partial in enumerate(partials):
+            kind = self.schema.field(agg_column(i)).type
+            rows: list[Row | None] = [None] * count
+            rows[start:start + len(partial.rows)] = partial.rows
+            start += len(partial.rows)
+            columns[agg_column(i)] = pa.array(rows, kind)
+            columns[late_column(i)] = pa.array([None] * (count - 1) + [partial.late], pa.int64())
+            columns[latest_column(i)] = pa.array(
+                [None] * (count - 1) + [partial.latest], self.schema.field(latest_column(i)).type)
+        return pa.Table.from_arrays(
+            [columns.get(f.name, pa.nulls(count, f.type)) for f in self.schema],
+            schema=self.schema)

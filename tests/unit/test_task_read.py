@@ -1,0 +1,153 @@
+"""The graph's read folded in Spark's tasks (engine.task_read), over Arrow batches shaped as
+the graph query's (engine.sources.classify_sources), without Spark: what the tasks hand the
+driver must be what the driver would have made of every record itself."""
+
+from __future__ import annotations
+
+import datetime
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from engine.driver_sql import OutsideSubset
+from engine.sinks.redis_sink import Before
+from engine.stream_aggregates import Seen, StreamAggregate
+from engine.task_read import EVENT, TaskFold, TaskRead, TopicLayout
+from schema.demo import CATALOG
+
+ORDERS = StructType([StructField("order_id", StringType()),
+                     StructField("customer_id", StringType()),
+                     StructField("product_id", StringType()),
+                     StructField("amount", DoubleType()),
+                     StructField("status", StringType()),
+                     StructField("ts", TimestampType())])
+CUSTOMERS = StructType([StructField(c, StringType())
+                        for c in ("customer_id", "name", "tier", "country")])
+BATCH = StructType([StructField("_kafka_key", StringType()),
+                    StructField("_raw", BinaryType()),
+                    StructField("_topic", StringType(), False),
+                    StructField("_partition", IntegerType(), False),
+                    StructField("_offset", LongType(), False),
+                    StructField("_tombstone", BooleanType(), False),
+                    StructField("_error", StringType()),
+                    StructField("_v0", ORDERS), StructField("_v1", CUSTOMERS)])
+SALES = StructType([StructField("product_id", StringType()),
+                    StructField("window_start", TimestampType()),
+                    StructField("window_end", TimestampType()),
+                    StructField("order_count", LongType()),
+                    StructField("revenue", DoubleType())])
+LAYOUT = {"orders": TopicLayout("orders", "_v0", tuple(ORDERS.fieldNames()), True),
+          "customers": TopicLayout("customers", "_v1", tuple(CUSTOMERS.fieldNames()), True)}
+T0 = datetime.datetime(2024, 1, 1, 0, 10, tzinfo=datetime.UTC)
+
+
+def _stream() -> StreamAggregate:
+    view = CATALOG.views["ProductSales"]
+    return StreamAggregate(view, CATALOG.sources["orders"], ORDERS)
+
+
+def _order(offset: int, key: str, product: str, amount: float, seconds: int,
+           status: str = "placed") -> dict:
+    return {"_kafka_key": key, "_raw": None, "_topic": "orders", "_partition": 0,
+            "_offset": offset, "_tombstone": False, "_error": None,
+            "_v0": {"order_id": key, "customer_id": "C1", "product_id": product,
+                    "amount": amount, "status": status,
+                    "ts": T0 + datetime.timedelta(seconds=seconds)},
+            "_v1": None}
+
+
+def _other(offset: int, key: str | None, topic: str, *, tombstone: bool = False,
+           error: str | None = None) -> dict:
+    return {"_kafka_key": key, "_raw": b"not json" if error else None, "_topic": topic,
+            "_partition": 0, "_offset": offset, "_tombstone": tombstone, "_error": error,
+            "_v0": None, "_v1": None}
+
+
+def _fold(read: TaskRead, tasks: list[list[dict]], seen: datetime.datetime | None):
+    """Each list of rows folded as one task would, their outputs collected together."""
+    output = to_arrow_schema(read.output_schema(BATCH), timezone="UTC")
+    fold = TaskFold(LAYOUT, [("orders", s, seen) for s in read.streams], output)
+    batches = []
+    for rows in tasks:
+        table = pa.Table.from_pylist(rows, schema=to_arrow_schema(BATCH, timezone="UTC"))
+        batches += list(fold(iter(table.to_batches())))
+    return read.collected(pa.Table.from_batches(batches, schema=output), len(BATCH.fields))
+
+
+def _stored(keys: list[str]) -> Before:
+    return Before({}, None, True)
+
+
+def test_a_task_keeps_each_keys_last_record_and_every_bad_one_in_order():
+    read = TaskRead([_stream()], {"ProductSales": SALES})
+    rows = [_order(0, "O1", "P1", 1.0, 0), _order(1, "O2", "P1", 2.0, 1),
+            _other(2, "O1", "orders", tombstone=True), _other(3, None, "orders", error="bad"),
+            _order(4, "O2", "P2", 5.0, 2), _other(5, "C1", "customers", error="malformed")]
+    folded = _fold(read, [rows], None)
+    got = [(r["_offset"], r["_kafka_key"], r["_tombstone"], r["_error"], r[EVENT])
+           for r in folded.records]
+    assert got == [(2, "O1", True, None, False), (3, None, False, "bad", False),
+                   (4, "O2", False, None, False), (5, "C1", False, "malformed", False)]
+    assert folded.records[2]["_v0"]["product_id"] == "P2"
+
+
+def test_what_the_tasks_fold_is_what_the_driver_computes_from_every_event():
+    stream = _stream()
+    read = TaskRead([stream], {"ProductSales": SALES})
+    first = [_order(0, "O1", "P1", 1.5, 0), _order(1, "O2", "P2", 2.0, 10),
+             _order(2, "O3", "P1", 4.0, 70), _order(3, "O4", "P1", 9.0, 5, "cancelled")]
+    second = [_order(0, "O5", "P1", 3.0, 20), _order(1, "O6", "P2", 7.0, 15),
+              _order(2, "O5", "P1", 3.0, 80)]  # the same order again: an event each time
+    seen = Seen(None, 0)
+    folded = _fold(read, [first, second], seen.max_event_time)
+    tasks = stream.finish(folded.partials["ProductSales"], seen, _stored)
+    events = [r["_v0"] for r in first + second]
+    driver = stream.batch(None, events, seen, _stored)  # the driver's own path (no Spark)
+
+    def by_key(rows):
+        return sorted((r["product_id"], r["window_start"], r["order_count"], r["revenue"])
+                      for r in rows)
+    assert by_key(tasks.rows) == by_key(driver.rows)
+    assert ("P1", T0, 2, 4.5) in by_key(tasks.rows)  # O1 and O5, from two tasks
+    assert tasks.meta == driver.meta
+
+
+def test_late_events_are_counted_by_the_tasks_against_the_watermark_before_the_batch():
+    stream = _stream()
+    read = TaskRead([stream], {"ProductSales": SALES})
+    seen = Seen(T0 + datetime.timedelta(minutes=5), 3)  # watermark: T0 + 4m30s
+    on_time = _order(0, "O1", "P1", 1.0, 300)
+    late = _order(1, "O2", "P1", 2.0, 0)
+    newest = _order(0, "O3", "P2", 4.0, 400)
+    folded = _fold(read, [[on_time, late], [newest]], seen.max_event_time)
+    done = stream.finish(folded.partials["ProductSales"], seen, _stored)
+    assert done.late == 1
+    assert done.meta["late_events"] == 4
+    assert done.meta["max_event_time"] == "2024-01-01T00:16:40Z"
+    assert sorted(r["product_id"] for r in done.rows) == ["P1", "P2"]
+
+
+def test_a_task_that_needs_spark_hands_its_events_to_the_driver(monkeypatch):
+    stream = _stream()
+    read = TaskRead([stream], {"ProductSales": SALES})
+
+    def refuse(self, events, seen):
+        raise OutsideSubset("BIGINT overflow")
+    monkeypatch.setattr(StreamAggregate, "partial", refuse)
+    rows = [_order(0, "O1", "P1", 1.0, 0), _order(1, "O1", "P1", 2.0, 1),
+            _order(2, "O2", "P1", 3.0, 2)]
+    folded = _fold(read, [rows], None)
+    assert [(r["_offset"], r[EVENT]) for r in folded.records] == [(0, True), (1, True),
+                                                                 (2, True)]
+    assert folded.partials["ProductSales"] == []  # no task folded: the driver does it all
