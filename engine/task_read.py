@@ -139,7 +139,19 @@ class TaskRead:
             if parts:
                 parts[0].rows = [r[agg_column(i)] for r in rows]
             partials[stream.view.name] = parts
-        return Folded(arrow_rows(records), partials)
+        try:
+            rows = arrow_rows(records)
+        except UnicodeDecodeError:  # a Kafka key of raw bytes: decoded leniently, as Spark's
+            rows = arrow_rows(_lenient_keys(records))  # rows do on the driver's own path
+        return Folded(rows, partials)
+
+
+def _lenient_keys(table: pa.Table) -> pa.Table:
+    """The table with its Kafka keys' bytes that are not UTF-8 replaced (U+FFFD)."""
+    keys = table.column("_kafka_key").cast(pa.binary()).to_pylist()
+    text = pa.array([None if k is None else k.decode("utf-8", "replace") for k in keys],
+                    pa.string())
+    return table.set_column(table.column_names.index("_kafka_key"), "_kafka_key", text)
 
 
 def _nullable(schema: StructType) -> StructType:
@@ -163,9 +175,11 @@ class TaskFold:
             return
         table = pa.Table.from_batches(read)
         keep: list[int] = []  # bad records, in order
-        last: dict[tuple[str, str], int] = {}  # (topic, key) -> its last record
+        last: dict[tuple[str, bytes], int] = {}  # (topic, key) -> its last record
         events: dict[str, list[int]] = {topic: [] for topic, _, _ in self.streams}
-        columns = zip(table.column("_topic").to_pylist(), table.column("_kafka_key").to_pylist(),
+        # Keys as bytes: a key that is not UTF-8 is still one key (the driver decodes it).
+        keys = table.column("_kafka_key").cast(pa.binary()).to_pylist()
+        columns = zip(table.column("_topic").to_pylist(), keys,
                       table.column("_error").is_null().to_pylist(),
                       table.column("_tombstone").to_pylist(), strict=True)
         for i, (topic, key, good, tombstone) in enumerate(columns):

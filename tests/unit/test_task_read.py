@@ -151,3 +151,18 @@ def test_a_task_that_needs_spark_hands_its_events_to_the_driver(monkeypatch):
     assert [(r["_offset"], r[EVENT]) for r in folded.records] == [(0, True), (1, True),
                                                                  (2, True)]
     assert folded.partials["ProductSales"] == []  # no task folded: the driver does it all
+
+
+def test_a_kafka_key_that_is_not_utf8_is_one_key_decoded_leniently():
+    read = TaskRead([_stream()], {"ProductSales": SALES})
+    rows = [_order(0, "K", "P1", 1.0, 0), _order(1, "K", "P1", 2.0, 1)]
+    schema = to_arrow_schema(BATCH, timezone="UTC")
+    table = pa.Table.from_pylist(rows, schema=schema)
+    raw = pa.array([b"\xff\xfe", b"\xff\xfe"], pa.binary()).view(pa.string())
+    table = table.set_column(schema.get_field_index("_kafka_key"), schema.field("_kafka_key"),
+                             raw)
+    output = to_arrow_schema(read.output_schema(BATCH), timezone="UTC")
+    fold = TaskFold(LAYOUT, [("orders", s, None) for s in read.streams], output)
+    folded = read.collected(pa.Table.from_batches(list(fold(iter(table.to_batches()))),
+                                                  schema=output), len(BATCH.fields))
+    assert [(r["_offset"], r["_kafka_key"]) for r in folded.records] == [(1, "\ufffd\ufffd")]
