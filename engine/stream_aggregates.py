@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from engine.driver_groups import grouped_query
+from engine.driver_groups import GroupedQuery, grouped_query
 from engine.driver_sql import driver_or_spark
 from engine.sinks.redis_sink import Before
 from schema.catalog import FieldInfo, Source, View, ViewKind, graphql_fields, parse_duration_ms
@@ -61,6 +61,49 @@ class Partial:
     latest: datetime.datetime | None
 
 
+@dataclass(frozen=True)
+class EventFold:
+    """What a part of a batch's events adds to a stream aggregate, without Spark: the part
+    a Spark task runs (engine.task_read), so it holds no catalog class, only the event-time
+    column, the watermark's delay and the view's SQL as engine.driver_groups compiled it."""
+
+    event_time: str | None
+    delay_ms: int | None  # None: no watermark (every event counts)
+    query: GroupedQuery | None  # None: only Spark answers the view's SQL
+
+    def partial(self, events: Sequence[Row], max_event_time: datetime.datetime | None
+                ) -> Partial:
+        """The view's SQL over the events on time. Raises OutsideSubset where only Spark
+        can answer (a BIGINT overflow); needs `query`."""
+        assert self.query is not None
+        kept, late, latest = self.on_time(events, max_event_time)
+        return Partial(self.query.rows(kept) if kept else [], late, latest)
+
+    def watermark(self, latest: datetime.datetime) -> datetime.datetime:
+        assert self.delay_ms is not None
+        return latest - datetime.timedelta(milliseconds=self.delay_ms)
+
+    def on_time(self, events: Sequence[Row], latest: datetime.datetime | None
+                ) -> tuple[list[Row], int, datetime.datetime | None]:
+        """The events to aggregate, how many were late, and the largest event time seen
+        after them. The watermark is the one before the batch, so parts of a batch are
+        judged alike wherever they run."""
+        if self.delay_ms is None:
+            return list(events), 0, latest
+        column = self.event_time
+        assert column is not None
+        watermark = None if latest is None else self.watermark(latest)
+        kept = []
+        for event in events:
+            moment = _utc(event.get(column))
+            if moment is not None and watermark is not None and moment < watermark:
+                continue
+            kept.append(event)
+            if moment is not None and (latest is None or moment > latest):
+                latest = moment
+        return kept, len(events) - len(kept), latest
+
+
 class StreamAggregate:
     def __init__(self, view: View, source: Source, schema: StructType) -> None:
         plan = combine_plan(view.sql, view.key)
@@ -71,12 +114,13 @@ class StreamAggregate:
         self.schema = schema  # the source's columns, as the SQL reads them
         self.combines = {c: kind for c, kind in plan.items() if kind != GROUP}
         self.fields: Mapping[str, FieldInfo] = graphql_fields(view)
-        self.delay_ms = (parse_duration_ms(source.watermark)
-                         if view.kind is ViewKind.WINDOW and source.event_time
-                         and source.watermark else None)
+        delay_ms = (parse_duration_ms(source.watermark)
+                    if view.kind is ViewKind.WINDOW and source.event_time
+                    and source.watermark else None)
         # The view's SQL evaluated in the driver when it can be (engine.driver_groups):
         # a Spark job of about 200 ms a batch saved on two cores.
         self.in_driver = grouped_query(view.sql, schema)
+        self.fold = EventFold(source.event_time, delay_ms, self.in_driver)
 
     def batch(self, session: SparkSession, events: Sequence[Row], seen: Seen,
               stored: Callable[[list[str]], Before],
@@ -85,20 +129,11 @@ class StreamAggregate:
         `partials`: what Spark's tasks folded of the others (engine.task_read); `stored`
         reads what Redis holds for keys (rows in JSON form)."""
         if events or not partials:
-            kept, late, latest = self._on_time(events, seen.max_event_time)
+            kept, late, latest = self.fold.on_time(events, seen.max_event_time)
             added = driver_or_spark(session, self.in_driver, self.view.sql, kept,
                                     self.schema, self.source.name) if kept else []
             partials = [*partials, Partial(added, late, latest)]
         return self.finish(partials, seen, stored)
-
-    def partial(self, events: Sequence[Row], max_event_time: datetime.datetime | None
-                ) -> Partial:
-        """What some of the batch's events add, without Spark (in a task): the view's SQL
-        over those on time. Raises OutsideSubset where only Spark can answer (a BIGINT
-        overflow); needs `in_driver`."""
-        assert self.in_driver is not None
-        kept, late, latest = self._on_time(events, max_event_time)
-        return Partial(self.in_driver.rows(kept) if kept else [], late, latest)
 
     def finish(self, partials: Sequence[Partial], seen: Seen,
                stored: Callable[[list[str]], Before]) -> StreamBatch:
@@ -108,11 +143,11 @@ class StreamAggregate:
         latest = max((p.latest for p in partials if p.latest is not None),
                      default=seen.max_event_time)
         meta: dict[str, Any] = {}
-        if self.delay_ms is not None:
+        if self.fold.delay_ms is not None:
             meta[META_LATE_EVENTS] = seen.late_events + late
             if latest is not None:
                 meta[META_MAX_EVENT_TIME] = iso_utc(latest)
-                meta[META_WATERMARK] = iso_utc(self._watermark(latest))
+                meta[META_WATERMARK] = iso_utc(self.fold.watermark(latest))
         added: dict[str, Row] = {}
         for part in partials:
             for row in part.rows:
@@ -124,29 +159,6 @@ class StreamAggregate:
         before = stored(list(added))
         rows = [self._combined(row, before.rows.get(key)) for key, row in added.items()]
         return StreamBatch(rows, before, meta, late)
-
-    def _watermark(self, latest: datetime.datetime) -> datetime.datetime:
-        assert self.delay_ms is not None
-        return latest - datetime.timedelta(milliseconds=self.delay_ms)
-
-    def _on_time(self, events: Sequence[Row], latest: datetime.datetime | None
-                 ) -> tuple[list[Row], int, datetime.datetime | None]:
-        """The events the batch aggregates, how many were late, and the largest event time
-        seen after the batch."""
-        if self.delay_ms is None:
-            return list(events), 0, latest
-        column = self.source.event_time
-        assert column is not None
-        watermark = None if latest is None else self._watermark(latest)
-        kept = []
-        for event in events:
-            moment = _utc(event.get(column))
-            if moment is not None and watermark is not None and moment < watermark:
-                continue
-            kept.append(event)
-            if moment is not None and (latest is None or moment > latest):
-                latest = moment
-        return kept, len(events) - len(kept), latest
 
     def _combined(self, added: Row, stored: Row | None) -> Row:
         """The stored row (JSON form) with what the batch added (Python values)."""

@@ -40,7 +40,7 @@ from pyspark.sql.types import (
 
 from engine.driver_sql import OutsideSubset
 from engine.sources import CORRUPT
-from engine.stream_aggregates import Partial, StreamAggregate
+from engine.stream_aggregates import EventFold, Partial, StreamAggregate
 from schema.arrow_rows import arrow_rows
 
 Row = dict[str, Any]
@@ -105,7 +105,7 @@ class TaskRead:
         """Run the batch's read as tasks and collect what they folded. `seen`: each stream
         aggregate's largest event time before the batch (its watermark's base)."""
         schema = self.output_schema(batch.schema)
-        fold = TaskFold(layout, [(s.source.topic, s, seen.get(s.view.name))
+        fold = TaskFold(layout, [(s.source.topic, s.fold, seen.get(s.view.name))
                                  for s in self.streams],
                         to_arrow_schema(schema, timezone="UTC"))
         return self.collected(batch.mapInArrow(fold, schema).toArrow(), len(batch.columns))
@@ -160,13 +160,14 @@ def _nullable(schema: StructType) -> StructType:
 
 class TaskFold:
     """mapInArrow's function: one task's records folded (see the module docstring).
-    Pickled to the tasks; it holds no client and no Spark session."""
+    Pickled to the tasks; it holds no client, no Spark session and no catalog class (a
+    view's GraphQL type may live in a module the executors cannot import)."""
 
     def __init__(self, layout: Mapping[str, TopicLayout],
-                 streams: Sequence[tuple[str, StreamAggregate, datetime.datetime | None]],
+                 streams: Sequence[tuple[str, EventFold, datetime.datetime | None]],
                  schema: pa.Schema) -> None:
         self.layout = dict(layout)
-        self.streams = list(streams)  # (topic, the aggregate, its largest event time)
+        self.streams = list(streams)  # (topic, the aggregate's fold, its largest event time)
         self.schema = schema
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -22,7 +22,7 @@ from pyspark.sql.types import (
 
 from engine.driver_sql import OutsideSubset
 from engine.sinks.redis_sink import Before
-from engine.stream_aggregates import Seen, StreamAggregate
+from engine.stream_aggregates import EventFold, Seen, StreamAggregate
 from engine.task_read import EVENT, TaskFold, TaskRead, TopicLayout
 from schema.demo import CATALOG
 
@@ -77,7 +77,7 @@ def _other(offset: int, key: str | None, topic: str, *, tombstone: bool = False,
 def _fold(read: TaskRead, tasks: list[list[dict]], seen: datetime.datetime | None):
     """Each list of rows folded as one task would, their outputs collected together."""
     output = to_arrow_schema(read.output_schema(BATCH), timezone="UTC")
-    fold = TaskFold(LAYOUT, [("orders", s, seen) for s in read.streams], output)
+    fold = TaskFold(LAYOUT, [("orders", s.fold, seen) for s in read.streams], output)
     batches = []
     for rows in tasks:
         table = pa.Table.from_pylist(rows, schema=to_arrow_schema(BATCH, timezone="UTC"))
@@ -144,7 +144,7 @@ def test_a_task_that_needs_spark_hands_its_events_to_the_driver(monkeypatch):
 
     def refuse(self, events, seen):
         raise OutsideSubset("BIGINT overflow")
-    monkeypatch.setattr(StreamAggregate, "partial", refuse)
+    monkeypatch.setattr(EventFold, "partial", refuse)
     rows = [_order(0, "O1", "P1", 1.0, 0), _order(1, "O1", "P1", 2.0, 1),
             _order(2, "O2", "P1", 3.0, 2)]
     folded = _fold(read, [rows], None)
@@ -162,7 +162,7 @@ def test_a_kafka_key_that_is_not_utf8_is_one_key_decoded_leniently():
     table = table.set_column(schema.get_field_index("_kafka_key"), schema.field("_kafka_key"),
                              raw)
     output = to_arrow_schema(read.output_schema(BATCH), timezone="UTC")
-    fold = TaskFold(LAYOUT, [("orders", s, None) for s in read.streams], output)
+    fold = TaskFold(LAYOUT, [("orders", s.fold, None) for s in read.streams], output)
     folded = read.collected(pa.Table.from_batches(list(fold(iter(table.to_batches()))),
                                                   schema=output), len(BATCH.fields))
     assert [(r["_offset"], r["_kafka_key"]) for r in folded.records] == [(1, "\ufffd\ufffd")]
