@@ -38,3 +38,21 @@ def read_batch_offsets(checkpoint: str, batch_id: int) -> BatchOffsets | None:
         moment = datetime.datetime.fromtimestamp(watermark_ms / 1000, datetime.UTC)
         watermark = moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{watermark_ms % 1000:03d}Z"
     return BatchOffsets(offsets, watermark)
+
+
+def records_between(previous: dict[str, dict[str, int]] | None,
+                    ends: dict[str, dict[str, int]]) -> int | None:
+    """How many Kafka records a batch covers: its end offsets less the previous batch's
+    (topic -> partition -> offset). None when a partition's start is unknown (the first
+    batch, or a partition the previous batch did not have). Compacted topics have gaps, so
+    this is an upper bound."""
+    if previous is None:
+        return None
+    total = 0
+    for topic, partitions in ends.items():
+        for partition, end in partitions.items():
+            start = previous.get(topic, {}).get(partition)
+            if start is None:
+                return None
+            total += end - start
+    return total

@@ -51,6 +51,7 @@ from engine.aggregates import (
 )
 from engine.analysis import dependency_order
 from engine.analyzer import analysed, struct_of
+from engine.batch_offsets import read_batch_offsets, records_between
 from engine.commit import IN_FLIGHT, Pending, ViewCommitter, offsets_fields
 from engine.current_rows import DeltaRows, RedisRows
 from engine.deadletter import DeadLetterWriter
@@ -255,8 +256,12 @@ class GraphBatch:
                           if settings.engine_task_read
                           and all(s.in_driver is not None for s in self.streams.values())
                           else None)
-        log.info("the batch's records are %s", "folded by Spark's tasks" if self.task_read
-                 else "collected into the driver")
+        self.task_read_min_records = settings.engine_task_read_min_records
+        # The last batch's id and end offsets: where the next one's records start.
+        self._ends: tuple[int, dict[str, dict[str, int]]] | None = None
+        if self.task_read:
+            log.info("a batch of %d Kafka records or more is folded by Spark's tasks",
+                     self.task_read_min_records)
         self.dead_letters = {
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
                                      fence=f"{s.name}/graph{self.generation}")
@@ -271,15 +276,19 @@ class GraphBatch:
             return
         read = _Read({})
         covers: dict[str, Any] = {}
+        by_tasks = False
         if len(held) < len(self.views):
             # What the batch covers, recorded by every view it commits: read once, not once
             # a view (in a bucket, a GET each).
             covers = offsets_fields(self.checkpoint, batch_id)
+            by_tasks = self._by_tasks(batch_id, covers.get("offsets"))
             read = self._read(batch, {n: self._seen(self.committers[n])
-                                      for n in self.streams if n not in held})
+                                      for n in self.streams if n not in held}, by_tasks)
             for name, writer in self.dead_letters.items():
                 writer.publish(read.records[name].bad, batch_id)
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
+        if by_tasks:
+            self.timings["read_in_tasks"] = 1.0  # a batch folded by its tasks (profiles)
         self.stream_batches = {}
         try:
             # Each view is computed as soon as the views it reads are (Order does not wait
@@ -426,7 +435,27 @@ class GraphBatch:
             latest.decode().replace("Z", "+00:00"))
         return Seen(moment, int(late or 0))
 
-    def _read(self, batch: DataFrame, seen: Mapping[str, Seen]) -> _Read:
+    def _by_tasks(self, batch_id: int, ends: dict[str, dict[str, int]] | None) -> bool:
+        """Whether the batch's tasks fold its records (engine.task_read): when the setting
+        asks and the batch covers engine_task_read_min_records records or more, counted
+        from its end offsets and the previous batch's (kept from it, or read from the
+        checkpoint); a batch whose size is unknown is folded. Either way the records are
+        the same, so a replay may take the other path."""
+        if self.task_read is None:
+            return False
+        if ends is None:
+            return True
+        previous = None
+        if self._ends is not None and self._ends[0] == batch_id - 1:
+            previous = self._ends[1]
+        elif batch_id > 0 and self.checkpoint:
+            covered = read_batch_offsets(self.checkpoint, batch_id - 1)
+            previous = covered.offsets if covered is not None else None
+        self._ends = (batch_id, ends)
+        count = records_between(previous, ends)
+        return count is None or count >= self.task_read_min_records
+
+    def _read(self, batch: DataFrame, seen: Mapping[str, Seen], by_tasks: bool) -> _Read:
         """The batch's records per source, in one Spark job: folded by its tasks
         (engine.task_read), or all of them collected. `seen`: the stream aggregates'
         meta before the batch."""
@@ -434,7 +463,7 @@ class GraphBatch:
         if self._layout is None:  # the query's schema: one py4j call, once
             self._layout = self._value_layout(batch)
         partials: dict[str, list[Partial]] = {}
-        if self.task_read is not None:
+        if by_tasks and self.task_read is not None:
             folded = self.task_read.fold(batch, {t: layout for t, (layout, _) in
                                                  self._layout.items()},
                                          {n: s.max_event_time for n, s in seen.items()})
@@ -455,7 +484,7 @@ class GraphBatch:
                 event = layout.event(row[layout.column])
                 # A key lives in one partition, in order: the last record wins.
                 into.latest[row["_kafka_key"]] = event
-                if stream and (handed or self.task_read is None):
+                if stream and (handed or not by_tasks):
                     into.events.append(event)
         return _Read(records, partials, dict(seen))
 

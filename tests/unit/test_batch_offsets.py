@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.batch_offsets import BatchOffsets, read_batch_offsets
+from engine.batch_offsets import BatchOffsets, read_batch_offsets, records_between
 
 # The shape Spark 4.2 writes to <checkpoint>/offsets/<batch id>.
 OFFSET_LOG = """v1
@@ -42,3 +42,12 @@ def test_the_fields_a_view_records_of_its_batch(tmp_path: Path) -> None:
     }
     assert offsets_fields(str(tmp_path), 8) == {}  # not written (yet)
     assert offsets_fields(None, 7) == {}  # a commit with no query (tests, tools)
+
+
+def test_the_records_a_batch_covers_from_its_offsets_and_the_previous_batchs() -> None:
+    previous = {"shop.orders": {"0": 400, "1": 410}, "shop.customers": {"0": 7}}
+    ends = {"shop.orders": {"0": 419, "1": 415}, "shop.customers": {"0": 7}}
+    assert records_between(previous, ends) == 24
+    assert records_between(None, ends) is None  # the first batch: its start is unknown
+    # A partition the previous batch did not have (a topic grew one): unknown too.
+    assert records_between(previous, {**ends, "shop.customers": {"0": 9, "1": 3}}) is None

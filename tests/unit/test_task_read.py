@@ -166,3 +166,25 @@ def test_a_kafka_key_that_is_not_utf8_is_one_key_decoded_leniently():
     folded = read.collected(pa.Table.from_batches(list(fold(iter(table.to_batches()))),
                                                   schema=output), len(BATCH.fields))
     assert [(r["_offset"], r["_kafka_key"]) for r in folded.records] == [(1, "\ufffd\ufffd")]
+
+
+def test_a_batch_is_folded_by_its_tasks_only_when_it_is_large(tmp_path):
+    """GraphBatch._by_tasks: its size from its end offsets and the previous batch's (read
+    from the checkpoint, then kept); a batch of unknown size is folded."""
+    from types import SimpleNamespace
+
+    from engine.graph import GraphBatch
+
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "4").write_text('v1\n{}\n{"orders":{"0":100,"1":100}}\n')
+    graph = SimpleNamespace(task_read=object(), task_read_min_records=50, _ends=None,
+                            checkpoint=str(tmp_path))
+
+    def by_tasks(batch_id, ends):
+        return GraphBatch._by_tasks(graph, batch_id, ends)
+    assert by_tasks(5, {"orders": {"0": 130, "1": 130}})  # 60 records, from the file
+    assert not by_tasks(6, {"orders": {"0": 150, "1": 150}})  # 40, from batch 5's ends
+    assert by_tasks(7, None)  # no offsets known (a batch run outside a query)
+    assert by_tasks(9, {"orders": {"0": 151, "1": 151}})  # batch 8 not in the checkpoint
+    graph.task_read = None
+    assert not by_tasks(10, {"orders": {"0": 999, "1": 999}})  # the setting is off
