@@ -483,7 +483,7 @@ class GraphBatch:
             else:
                 event = layout.event(row[layout.column])
                 # A key lives in one partition, in order: the last record wins.
-                into.latest[row["_kafka_key"]] = event
+                into.latest[layout.record_key(row["_kafka_key"], event)] = event
                 if stream and (handed or not by_tasks):
                     into.events.append(event)
         return _Read(records, partials, dict(seen))
@@ -497,7 +497,8 @@ class GraphBatch:
             column, wanted = value_column(i), source_columns(source)
             parsed = batch.schema[column].dataType.fieldNames()
             same = [f for f in parsed if f != CORRUPT] == wanted
-            layout[source.topic] = (TopicLayout(source.name, column, tuple(wanted), same),
+            layout[source.topic] = (TopicLayout(source.name, column, tuple(wanted), same,
+                                                source.key),
                                     source.name in streamed)
         return layout
 

@@ -65,13 +65,14 @@ def latest_column(stream: int) -> str:
 @dataclass(frozen=True)
 class TopicLayout:
     """Where a topic's records are in the batch: its source, the column of their parsed
-    value, the source's columns, and whether that struct holds exactly them (then it is
-    the event as it is, less Spark's corrupt-record field)."""
+    value, the source's columns, whether that struct holds exactly them (then it is the
+    event as it is, less Spark's corrupt-record field), and the source's key column."""
 
     source: str
     column: str
     wanted: tuple[str, ...]
     same: bool
+    key: str
 
     def event(self, value: Row) -> Row:
         """A good record's parsed value as the source's event."""
@@ -79,6 +80,12 @@ class TopicLayout:
             value.pop(CORRUPT, None)
             return value
         return {c: value[c] for c in self.wanted}
+
+    def record_key(self, kafka_key: str | None, event: Row) -> str:
+        """What a good record is deduplicated by: its Kafka key, or, for a record produced
+        without one, its value's key field (never null in a good record), so that keyless
+        records of different keys are not taken for one."""
+        return kafka_key if kafka_key is not None else str(event[self.key])
 
 
 @dataclass(frozen=True)
@@ -183,10 +190,13 @@ class TaskFold:
         columns = zip(table.column("_topic").to_pylist(), keys,
                       table.column("_error").is_null().to_pylist(),
                       table.column("_tombstone").to_pylist(), strict=True)
+        value_keys: dict[str, list[Any]] = {}  # per topic, its values' key field
         for i, (topic, key, good, tombstone) in enumerate(columns):
             if not good:
                 keep.append(i)
                 continue
+            if key is None:  # produced without a Kafka key (a keyless tombstone is bad)
+                key = str(self._value_keys(table, topic, value_keys)[i]).encode()
             last[(topic, key)] = i
             if not tombstone and topic in events:
                 events[topic].append(i)
@@ -197,6 +207,14 @@ class TaskFold:
         yield from self._records(records, [i in handed for i in kept]).to_batches()
         if partials is not None:
             yield from self._partial_rows(partials).to_batches()
+
+    def _value_keys(self, table: pa.Table, topic: str, found: dict[str, list[Any]]
+                    ) -> list[Any]:
+        """The key field of every record's value, for `topic`'s layout (read once)."""
+        if topic not in found:
+            layout = self.layout[topic]
+            found[topic] = pc.struct_field(table.column(layout.column), [layout.key]).to_pylist()
+        return found[topic]
 
     def _partials(self, table: pa.Table, events: Mapping[str, list[int]]
                   ) -> list[Partial] | None:

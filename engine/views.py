@@ -128,7 +128,10 @@ def _upsert_batch(settings: Settings, view: View, source: Source, committer: Vie
         # which dominated the freshness of small batches.
         latest: dict[str, Row] = {}
         for record in batch.select("_kafka_key", "_tombstone", *columns).collect():
-            latest[record["_kafka_key"]] = record  # a key lives in one partition, in order
+            # A key lives in one partition, in order; a record without a Kafka key counts by
+            # its value's key (engine.task_read.TopicLayout.record_key).
+            key = record["_kafka_key"]
+            latest[key if key is not None else str(record[source.key])] = record
         deleted = [{source.key: key} for key, r in latest.items() if r["_tombstone"]]
         live = [tuple(r)[2:] for r in latest.values() if not r["_tombstone"]]
         rows: list[dict] = []

@@ -47,8 +47,9 @@ SALES = StructType([StructField("product_id", StringType()),
                     StructField("window_end", TimestampType()),
                     StructField("order_count", LongType()),
                     StructField("revenue", DoubleType())])
-LAYOUT = {"orders": TopicLayout("orders", "_v0", tuple(ORDERS.fieldNames()), True),
-          "customers": TopicLayout("customers", "_v1", tuple(CUSTOMERS.fieldNames()), True)}
+LAYOUT = {"orders": TopicLayout("orders", "_v0", tuple(ORDERS.fieldNames()), True, "order_id"),
+          "customers": TopicLayout("customers", "_v1", tuple(CUSTOMERS.fieldNames()), True,
+                                   "customer_id")}
 T0 = datetime.datetime(2024, 1, 1, 0, 10, tzinfo=datetime.UTC)
 
 
@@ -188,3 +189,18 @@ def test_a_batch_is_folded_by_its_tasks_only_when_it_is_large(tmp_path):
     assert by_tasks(9, {"orders": {"0": 151, "1": 151}})  # batch 8 not in the checkpoint
     graph.task_read = None
     assert not by_tasks(10, {"orders": {"0": 999, "1": 999}})  # the setting is off
+
+
+def test_records_without_a_kafka_key_are_told_apart_by_their_values_key():
+    read = TaskRead([_stream()], {"ProductSales": SALES})
+    keyless = [_order(0, "O1", "P1", 1.0, 0), _order(1, "O2", "P1", 2.0, 1),
+               _order(2, "O1", "P1", 3.0, 2), _order(3, "O3", "P1", 4.0, 3)]
+    for row in keyless[:3]:
+        row["_kafka_key"] = None
+    folded = _fold(read, [keyless], None)
+    # O1's second keyless record wins over its first; O2 is kept; O3 is keyed.
+    assert [(r["_offset"], r["_v0"]["order_id"]) for r in folded.records] == [
+        (1, "O2"), (2, "O1"), (3, "O3")]
+    layout = LAYOUT["orders"]
+    assert [layout.record_key(r["_kafka_key"], r["_v0"]) for r in folded.records] == [
+        "O2", "O1", "O3"]
