@@ -119,8 +119,12 @@ class StreamAggregate:
                     and source.watermark else None)
         # The view's SQL evaluated in the driver when it can be (engine.driver_groups):
         # a Spark job of about 200 ms a batch saved on two cores.
-        self.in_driver = grouped_query(view.sql, schema)
-        self.fold = EventFold(source.event_time, delay_ms, self.in_driver)
+        self.fold = EventFold(source.event_time, delay_ms, grouped_query(view.sql, schema))
+
+    @property
+    def in_driver(self) -> GroupedQuery | None:
+        """The view's SQL as evaluated without Spark; None: only Spark answers it."""
+        return self.fold.query
 
     def batch(self, session: SparkSession, events: Sequence[Row], seen: Seen,
               stored: Callable[[list[str]], Before],
