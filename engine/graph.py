@@ -77,6 +77,7 @@ from engine.sources import (
     CORRUPT,
     classify_sources,
     read_kafka,
+    record_key,
     source_columns,
     value_column,
 )
@@ -475,7 +476,7 @@ class GraphBatch:
         for row in rows:
             into, layout, stream = by_topic[row["_topic"]]
             # A task hands the driver its events only when it could not fold them.
-            handed = row.pop(EVENT, None)
+            handed = by_tasks and row.pop(EVENT)
             if row["_error"] is not None:
                 into.bad.append(row)
             elif row["_tombstone"]:
@@ -483,7 +484,7 @@ class GraphBatch:
             else:
                 event = layout.event(row[layout.column])
                 # A key lives in one partition, in order: the last record wins.
-                into.latest[layout.record_key(row["_kafka_key"], event)] = event
+                into.latest[record_key(row["_kafka_key"], event, layout.key)] = event
                 if stream and (handed or not by_tasks):
                     into.events.append(event)
         return _Read(records, partials, dict(seen))

@@ -6,6 +6,9 @@ dead-letter topic instead of the view, and never stop the query.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -117,6 +120,13 @@ def _error(source: Source, parsed: str = "_v") -> Column:
             F.lit(f"missing event time field {source.event_time}"),
         )
     return reason
+
+
+def record_key(kafka_key: str | None, value: Mapping[str, Any], key_field: str) -> str:
+    """What a good record is deduplicated by: its Kafka key, or, for a record produced
+    without one, its value's key field (never null in a good record), so that keyless
+    records of different keys are not taken for one. (A keyless tombstone is bad.)"""
+    return kafka_key if kafka_key is not None else str(value[key_field])
 
 
 def valid_records(classified: DataFrame) -> DataFrame:

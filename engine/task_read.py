@@ -81,12 +81,6 @@ class TopicLayout:
             return value
         return {c: value[c] for c in self.wanted}
 
-    def record_key(self, kafka_key: str | None, event: Row) -> str:
-        """What a good record is deduplicated by: its Kafka key, or, for a record produced
-        without one, its value's key field (never null in a good record), so that keyless
-        records of different keys are not taken for one."""
-        return kafka_key if kafka_key is not None else str(event[self.key])
-
 
 @dataclass(frozen=True)
 class Folded:
@@ -195,7 +189,7 @@ class TaskFold:
             if not good:
                 keep.append(i)
                 continue
-            if key is None:  # produced without a Kafka key (a keyless tombstone is bad)
+            if key is None:  # produced without one: as engine.sources.record_key, in bytes
                 key = str(self._value_keys(table, topic, value_keys)[i]).encode()
             last[(topic, key)] = i
             if not tombstone and topic in events:

@@ -22,6 +22,7 @@ from engine.sources import (
     bad_records,
     classify,
     read_kafka,
+    record_key,
     source_columns,
     source_events,
     valid_records,
@@ -128,10 +129,8 @@ def _upsert_batch(settings: Settings, view: View, source: Source, committer: Vie
         # which dominated the freshness of small batches.
         latest: dict[str, Row] = {}
         for record in batch.select("_kafka_key", "_tombstone", *columns).collect():
-            # A key lives in one partition, in order; a record without a Kafka key counts by
-            # its value's key (engine.task_read.TopicLayout.record_key).
-            key = record["_kafka_key"]
-            latest[key if key is not None else str(record[source.key])] = record
+            # A key lives in one partition, in order.
+            latest[record_key(record["_kafka_key"], record, source.key)] = record
         deleted = [{source.key: key} for key, r in latest.items() if r["_tombstone"]]
         live = [tuple(r)[2:] for r in latest.values() if not r["_tombstone"]]
         rows: list[dict] = []

@@ -22,6 +22,7 @@ from pyspark.sql.types import (
 
 from engine.driver_sql import OutsideSubset
 from engine.sinks.redis_sink import Before
+from engine.sources import record_key
 from engine.stream_aggregates import EventFold, Seen, StreamAggregate
 from engine.task_read import EVENT, TaskFold, TaskRead, TopicLayout
 from schema.demo import CATALOG
@@ -201,6 +202,5 @@ def test_records_without_a_kafka_key_are_told_apart_by_their_values_key():
     # O1's second keyless record wins over its first; O2 is kept; O3 is keyed.
     assert [(r["_offset"], r["_v0"]["order_id"]) for r in folded.records] == [
         (1, "O2"), (2, "O1"), (3, "O3")]
-    layout = LAYOUT["orders"]
-    assert [layout.record_key(r["_kafka_key"], r["_v0"]) for r in folded.records] == [
+    assert [record_key(r["_kafka_key"], r["_v0"], "order_id") for r in folded.records] == [
         "O2", "O1", "O3"]
