@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 PROTOCOL = "graphql-transport-ws"
 
 
@@ -45,7 +47,7 @@ async def _subscribe(ws: Any, sub_id: str, query: str, variables: Mapping[str, A
 async def _operation_message(ws: Any, raw: str | bytes) -> dict[str, Any] | None:
     """A `next` or `error` message of a subscription; pings are answered, the rest
     (pongs, completes) skipped."""
-    message = json.loads(raw)
+    message = orjson.loads(raw)
     if message["type"] == "ping":
         await ws.send(json.dumps({"type": "pong"}))
         return None
@@ -63,36 +65,50 @@ def _payload(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def watch_versions(url: str, subscriptions: Mapping[str, tuple[str, str]], ready: Any,
-                   stop: Any) -> dict[str, list[tuple[int, float]]]:
+                   stop: Any) -> dict[str, Any]:
     """One connection with one subscription per name: name -> (query, the field to read).
-    Each message's field carries a `version`; returns, per name, when each version was
-    first received ([(version, ms)]). Sets `ready` once subscribed, runs until `stop`."""
+    Each message's field carries a `version`; returns {"versions": per name, when each
+    version was first received ([(version, ms)]), "cpu_s": this process's CPU seconds
+    from `ready` on}. Sets `ready` once subscribed, runs until `stop`.
 
-    async def main() -> dict[str, list[tuple[int, float]]]:
+    It shares the bench machine's cores with the engine and the gateway it measures, so it
+    reads as cheaply as it can: messages as they come (`async for`, no timeout per
+    message: `asyncio.wait_for` made a task for each), parsed with orjson; `stop` (a
+    multiprocessing event) is polled beside it and closes the connection."""
+
+    async def main() -> dict[str, Any]:
         ws = await _open(url)
         names = list(subscriptions)
-        seen: dict[str, dict[int, float]] = {name: {} for name in names}
+        fields = [subscriptions[name][1] for name in names]
+        seen: list[dict[int, float]] = [{} for _ in names]
         try:
             for i, name in enumerate(names):
                 await _subscribe(ws, str(i), subscriptions[name][0], {})
+            cpu_from = time.process_time()
             ready.set()
-            while not stop.is_set():
-                try:
-                    raw = await asyncio.wait_for(ws.recv(), timeout=0.2)
-                except TimeoutError:
-                    continue
+            closer = asyncio.create_task(_close_on(stop, ws))
+            async for raw in ws:
                 now_ms = time.time() * 1000
                 message = await _operation_message(ws, raw)
                 if message is None:
                     continue
-                name = names[int(message["id"])]
-                change = _payload(message)[subscriptions[name][1]]
-                seen[name].setdefault(int(change["version"]), now_ms)
+                index = int(message["id"])
+                change = _payload(message)[fields[index]]
+                seen[index].setdefault(int(change["version"]), now_ms)
+            await closer
         finally:
             await ws.close()
-        return {name: sorted(versions.items()) for name, versions in seen.items()}
+        return {"versions": {name: sorted(seen[i].items()) for i, name in enumerate(names)},
+                "cpu_s": round(time.process_time() - cpu_from, 3)}
 
     return asyncio.run(main())
+
+
+async def _close_on(stop: Any, ws: Any) -> None:
+    """Close `ws` once `stop` is set (polled: a multiprocessing event has no awaitable)."""
+    while not stop.is_set():
+        await asyncio.sleep(0.2)
+    await ws.close()
 
 
 def hold_live(url: str, connections: int, per_connection: int, query: str,
