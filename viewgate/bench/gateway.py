@@ -69,6 +69,8 @@ FIGURES = (
     Figure("query_point_stock_rps", "stock Strawberry (strawberry.asgi), same schema", "req/s"),
     Figure("query_point_p50_ms", "point lookup p50 at 1,000 req/s (open loop)", "ms"),
     Figure("query_point_p99_ms", "point lookup p99 at 1,000 req/s (open loop)", "ms", below=5),
+    Figure("query_point_raw_p99_ms", "bare Starlette at the same load, p99: this host's floor",
+           "ms"),
     Figure("query_list100_rps", "100 orders + customer, closed loop", "req/s"),
     Figure("query_list100_rate", "offered load of the list latency run", "req/s"),
     Figure("query_list100_p50_ms", "100 orders + customer, p50 (open loop)", "ms"),
@@ -377,7 +379,12 @@ def run(ctx: BenchContext) -> GroupResult:
         rps = {name: [r["rps"] for r in runs] for name, runs in by_server.items()}
 
         gateway = servers["gateway"]
-        ctx.say(f"point lookups at {POINT_RATE:,.0f}/s for {sizes.gateway_latency_s:.0f} s")
+        # The bare Starlette server at the same load first: the tail this host gives any
+        # Python server, against which the gateway's p99 reads.
+        ctx.say(f"point lookups at {POINT_RATE:,.0f}/s for {sizes.gateway_latency_s:.0f} s: "
+                "baseline, then gateway")
+        raw_latency = fixed_rate(ctx, servers["baseline"], point["baseline"], POINT_RATE,
+                                 b'"name"', [redis])
         point_latency = fixed_rate(ctx, gateway, point["gateway"], POINT_RATE, b'"name"',
                                    [redis])
 
@@ -396,6 +403,7 @@ def run(ctx: BenchContext) -> GroupResult:
     for doubt in doubts:
         ctx.say(f"warning: {doubt}")
     point_summary = distribution(point_latency["latency_ms"])
+    raw_summary = distribution(raw_latency["latency_ms"])
     list_summary = distribution(list_latency["latency_ms"])
     point_runs = [r for runs in by_server.values() for r in runs]
     figures: dict[str, Any] = {
@@ -408,6 +416,8 @@ def run(ctx: BenchContext) -> GroupResult:
         "query_point_p50_ms": _r(point_summary["p50"]),
         "query_point_p99_ms": _r(point_summary["p99"]),
         "query_point_latency_ms": {k: _r(v) for k, v in point_summary.items()},
+        "query_point_raw_p50_ms": _r(raw_summary["p50"]),
+        "query_point_raw_p99_ms": _r(raw_summary["p99"]),
         "query_point_rate": POINT_RATE,
         "query_list100_rps": round(list_max["rps"]),
         "query_list100_rate": rate,
@@ -425,11 +435,13 @@ def run(ctx: BenchContext) -> GroupResult:
             } for name, runs in by_server.items()},
             **{label: {"server": _r(r["watched_cpu"][0]), "redis": _r(r["watched_cpu"][1]),
                        "generator": _r(r["generator_cpu"])}
-               for label, r in (("point_latency", point_latency), ("list100_max", list_max),
+               for label, r in (("point_latency", point_latency),
+                                ("point_raw_latency", raw_latency), ("list100_max", list_max),
                                 ("list100_latency", list_latency))},
         },
         "query_send_lag_p99_ms": {
             "point": _r(distribution(point_latency["send_lag_ms"])["p99"]),
+            "point_raw": _r(distribution(raw_latency["send_lag_ms"])["p99"]),
             "list100": _r(distribution(list_latency["send_lag_ms"])["p99"]),
         },
         "query_data": {**{f"{k.lower()}_rows": v for k, v in counts.items()},
@@ -444,7 +456,8 @@ def run(ctx: BenchContext) -> GroupResult:
     plots = [
         Plot("gateway_point_latency.png",
              f"Point lookup through the gateway at {POINT_RATE:,.0f} req/s (open loop)",
-             {"gateway point lookup": point_latency["latency_ms"]}, notes=notes),
+             {"gateway point lookup": point_latency["latency_ms"],
+              "bare Starlette, same load": raw_latency["latency_ms"]}, notes=notes),
         Plot("gateway_list100_latency.png",
              f"100 orders with their customers at {rate:,.0f} req/s (open loop)",
              {"gateway orders(first: 100)": list_latency["latency_ms"]}, notes=notes),
