@@ -241,9 +241,9 @@ def produce(
             elapsed = time.monotonic() - started
             if duration is not None and elapsed >= duration:
                 break
-            # Pace against the schedule, not per event, and sleep only when a few events'
-            # worth ahead: at 1,000 events/s a sleep per event was a thousand wake-ups a
-            # second. Each event is still stamped when it is produced.
+            # Pace against the schedule, not per event, and sleep only when more than
+            # PACE_S ahead of it: at 1,000 events/s a sleep before every event was a
+            # thousand wake-ups a second. Each event is still stamped when it is produced.
             ahead = sent / rate - elapsed
             if ahead > PACE_S and stop.wait(ahead):
                 break
