@@ -2,8 +2,9 @@
 views (TABLE), whose batch evaluates them in dependency order.
 
 One Kafka read covers every topic those views stream. Each batch:
-1. reads its records into the driver in one Spark job, and sends the bad ones to their
-   source's dead-letter topic (the same pass, no query of their own);
+1. reads its records into the driver, fetched from Kafka by the driver itself when the
+   batch is small (engine.driver_fetch: no Spark job), else in one Spark job, and sends
+   the bad ones to their source's dead-letter topic (the same pass, no query of their own);
 2. computes the views in dependency order, nothing written yet:
    - an UPSERT view keeps the last record per key of its source, deletes tombstoned keys
      and runs its SQL over the rest (its dimensions are their latest rows);
@@ -56,6 +57,7 @@ from engine.commit import IN_FLIGHT, Pending, ViewCommitter, offsets_fields
 from engine.current_rows import DeltaRows, RedisRows
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
+from engine.driver_fetch import DriverFetch
 from engine.errors import GraphChanged
 from engine.failpoints import failpoint
 from engine.frames import frame_of, rows_of
@@ -70,7 +72,12 @@ from engine.incremental import (
 )
 from engine.lineage import Lineage
 from engine.malloc import FreeMemoryTrim
-from engine.metrics import observe_graph_steps, observe_rows_changed, observe_stream
+from engine.metrics import (
+    observe_graph_read,
+    observe_graph_steps,
+    observe_rows_changed,
+    observe_stream,
+)
 from engine.projected_join import ProjectedJoin
 from engine.sinks.redis_sink import Before
 from engine.sources import (
@@ -258,6 +265,8 @@ class GraphBatch:
                           and all(s.in_driver is not None for s in self.streams.values())
                           else None)
         self.task_read_min_records = settings.engine_task_read_min_records
+        # Small batches' records fetched by the driver itself, with no Spark job.
+        self.driver_fetch = DriverFetch.for_settings(settings, self.sources)
         # The last batch's id and end offsets: where the next one's records start.
         self._ends: tuple[int, dict[str, dict[str, int]]] | None = None
         if self.task_read:
@@ -277,19 +286,29 @@ class GraphBatch:
             return
         read = _Read({})
         covers: dict[str, Any] = {}
-        by_tasks = False
+        by_fetch = by_tasks = False
         if len(held) < len(self.views):
             # What the batch covers, recorded by every view it commits: read once, not once
             # a view (in a bucket, a GET each).
             covers = offsets_fields(self.checkpoint, batch_id)
-            by_tasks = self._by_tasks(batch_id, covers.get("offsets"))
+            ends = covers.get("offsets")
+            starts = self._starts(batch_id, ends)
+            fetched = (self.driver_fetch.read(starts, ends)
+                       if self.driver_fetch is not None else None)
+            by_fetch = fetched is not None
+            by_tasks = not by_fetch and self._by_tasks(starts, ends)
             read = self._read(batch, {n: self._seen(self.committers[n])
-                                      for n in self.streams if n not in held}, by_tasks)
+                                      for n in self.streams if n not in held},
+                              by_tasks, fetched)
             for name, writer in self.dead_letters.items():
                 writer.publish(read.records[name].bad, batch_id)
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
         if by_tasks:
             self.timings["read_in_tasks"] = 1.0  # a batch folded by its tasks (profiles)
+        if by_fetch:
+            self.timings["read_by_fetch"] = 1.0  # fetched by the driver from Kafka
+        if len(held) < len(self.views):
+            observe_graph_read("fetch" if by_fetch else "tasks" if by_tasks else "spark")
         self.stream_batches = {}
         try:
             # Each view is computed as soon as the views it reads are (Order does not wait
@@ -436,16 +455,12 @@ class GraphBatch:
             latest.decode().replace("Z", "+00:00"))
         return Seen(moment, int(late or 0))
 
-    def _by_tasks(self, batch_id: int, ends: dict[str, dict[str, int]] | None) -> bool:
-        """Whether the batch's tasks fold its records (engine.task_read): when the setting
-        asks and the batch covers engine_task_read_min_records records or more, counted
-        from its end offsets and the previous batch's (kept from it, or read from the
-        checkpoint); a batch whose size is unknown is folded. Either way the records are
-        the same, so a replay may take the other path."""
-        if self.task_read is None:
-            return False
+    def _starts(self, batch_id: int, ends: dict[str, dict[str, int]] | None
+                ) -> dict[str, dict[str, int]] | None:
+        """Where the batch's records start: the previous batch's end offsets (kept from it,
+        or read from the checkpoint); None for the first batch."""
         if ends is None:
-            return True
+            return None
         previous = None
         if self._ends is not None and self._ends[0] == batch_id - 1:
             previous = self._ends[1]
@@ -453,18 +468,33 @@ class GraphBatch:
             covered = read_batch_offsets(self.checkpoint, batch_id - 1)
             previous = covered.offsets if covered is not None else None
         self._ends = (batch_id, ends)
-        count = records_between(previous, ends)
+        return previous
+
+    def _by_tasks(self, starts: dict[str, dict[str, int]] | None,
+                  ends: dict[str, dict[str, int]] | None) -> bool:
+        """Whether the batch's tasks fold its records (engine.task_read): when the setting
+        asks and the batch covers engine_task_read_min_records records or more, counted
+        from its offsets; a batch whose size is unknown is folded. Either way the records
+        are the same, so a replay may take the other path."""
+        if self.task_read is None:
+            return False
+        if ends is None:
+            return True
+        count = records_between(starts, ends)
         return count is None or count >= self.task_read_min_records
 
-    def _read(self, batch: DataFrame, seen: Mapping[str, Seen], by_tasks: bool) -> _Read:
-        """The batch's records per source, in one Spark job: folded by its tasks
-        (engine.task_read), or all of them collected. `seen`: the stream aggregates'
-        meta before the batch."""
+    def _read(self, batch: DataFrame, seen: Mapping[str, Seen], by_tasks: bool,
+              fetched: list[dict[str, Any]] | None = None) -> _Read:
+        """The batch's records per source: `fetched` by the driver (engine.driver_fetch),
+        or in one Spark job, folded by its tasks (engine.task_read) or all of them
+        collected. `seen`: the stream aggregates' meta before the batch."""
         records = {s.name: _Records({}, []) for s in self.sources}
         if self._layout is None:  # the query's schema: one py4j call, once
             self._layout = self._value_layout(batch)
         partials: dict[str, list[Partial]] = {}
-        if by_tasks and self.task_read is not None:
+        if fetched is not None:
+            rows = fetched
+        elif by_tasks and self.task_read is not None:
             folded = self.task_read.fold(batch, {t: layout for t, (layout, _) in
                                                  self._layout.items()},
                                          {n: s.max_event_time for n, s in seen.items()})

@@ -8,6 +8,7 @@ import datetime
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -46,10 +47,14 @@ MAINTENANCE_WAIT_SECONDS = Histogram(
     ["view"], buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30))
 GRAPH_STEP_SECONDS = Histogram(
     "viewgate_graph_step_seconds",
-    "Time each step of the view graph's batches took: `read` (the batch from Spark), "
+    "Time each step of the view graph's batches took: `read` (the batch's records), "
     "`<View>_compute` and its parts, `apply` (Redis), `feed` (the change feeds), `delta` "
     "(the MERGEs, overlapping the feeds), `batch` (the whole).", ["step"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8))
+GRAPH_READS = Counter("viewgate_graph_batch_reads",
+                      "View graph batches by how their records were read: `fetch` (by the "
+                      "driver from Kafka, no Spark job), `spark` (a Spark job collected into "
+                      "the driver) or `tasks` (folded by Spark's tasks).", ["path"])
 ROWS_CHANGED = Counter("viewgate_graph_rows_changed",
                        "Rows the view graph's batches changed, each view's change events "
                        "counted: what a batch's cost should follow.", ["view"])
@@ -62,6 +67,10 @@ def observe_graph_steps(timings: Mapping[str, float]) -> None:
     for name, ms in timings.items():
         if name.endswith("_ms"):
             GRAPH_STEP_SECONDS.labels(name.removesuffix("_ms")).observe(ms / 1000)
+
+
+def observe_graph_read(path: str) -> None:
+    GRAPH_READS.labels(path).inc()
 
 
 def observe_rows_changed(view: str, rows: int) -> None:
@@ -114,24 +123,71 @@ def _lag(sources: list[Any]) -> int:
     return total
 
 
-def _timestamp(text: str | None) -> float:
+def _offsets(value: Any) -> dict[str, dict[str, int]]:
+    """A source's offsets as a progress gives them: JSON text (PySpark's objects), already
+    parsed (the progress's JSON), or null."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def records_read(progress: Mapping[str, Any]) -> int:
+    """The Kafka records a batch covered (`progress`: a StreamingQueryProgress or its JSON):
+    Spark's numInputRows; or, for a batch whose records the graph's driver fetched itself
+    (engine.driver_fetch: Spark then ran no read and counted none), its sources' end offsets
+    less their start offsets (an upper bound on a compacted topic)."""
+    if progress["numInputRows"]:
+        return int(progress["numInputRows"])
+    total = 0
+    for source in progress.get("sources") or ():
+        start, end = _offsets(source["startOffset"]), _offsets(source["endOffset"])
+        for topic, partitions in end.items():
+            for partition, offset in partitions.items():
+                total += max(0, int(offset) - int(start.get(topic, {}).get(partition, offset)))
+    return total
+
+
+@dataclass(frozen=True)
+class BatchRates:
+    """A batch's records and rates, as Spark's progress gives them, or made from its
+    offsets when Spark counted none (records_read)."""
+
+    records: int
+    input_per_s: float  # over the time since the previous batch began
+    processed_per_s: float  # over the batch's own time
+
+    @classmethod
+    def of(cls, progress: Any, since_previous_s: float | None) -> BatchRates:
+        if progress.numInputRows:
+            return cls(progress.numInputRows, progress.inputRowsPerSecond or 0.0,
+                       progress.processedRowsPerSecond or 0.0)
+        records = records_read(progress)
+        seconds = (progress.durationMs or {}).get("triggerExecution", 0) / 1000
+        return cls(records, records / since_previous_s if since_previous_s else 0.0,
+                   records / seconds if seconds else 0.0)
+
+
+def epoch_seconds(text: str | None) -> float:
     if not text:
         return 0.0
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def observe_progress(view: str, progress: Any) -> None:
+def observe_progress(view: str, progress: Any, rates: BatchRates) -> None:
     VERSION.labels(view).set(progress.batchId)
-    INPUT_RATE.labels(view).set(progress.inputRowsPerSecond or 0.0)
-    PROCESSING_RATE.labels(view).set(progress.processedRowsPerSecond or 0.0)
-    if progress.numInputRows:
+    INPUT_RATE.labels(view).set(rates.input_per_s)
+    PROCESSING_RATE.labels(view).set(rates.processed_per_s)
+    if rates.records:
         BATCH_SECONDS.labels(view).observe((progress.batchDuration or 0) / 1000)
     lag = _lag(progress.sources)
     KAFKA_LAG.labels(view).set(lag)
     watermark = (progress.eventTime or {}).get("watermark")
     if watermark:  # a query of its own; the graph's stream aggregates: observe_stream
-        WATERMARK.labels(view).set(_timestamp(watermark))
-    started = _timestamp(progress.timestamp)
+        WATERMARK.labels(view).set(epoch_seconds(watermark))
+    started = epoch_seconds(progress.timestamp)
     FRESHNESS_LAG.labels(view).set(max(0.0, time.time() - started) if lag else 0.0)
     late = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
     if late:
@@ -143,7 +199,7 @@ def observe_stream(view: str, late: int, watermark: str | None) -> None:
     if late:
         LATE_EVENTS.labels(view).inc(late)
     if watermark:
-        WATERMARK.labels(view).set(_timestamp(watermark))
+        WATERMARK.labels(view).set(epoch_seconds(watermark))
 
 
 def observe_failure(view: str) -> None:

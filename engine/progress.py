@@ -17,7 +17,7 @@ from pyspark.sql.streaming.listener import (
 )
 
 from engine.failures import summarize
-from engine.metrics import observe_failure, observe_progress
+from engine.metrics import BatchRates, epoch_seconds, observe_failure, observe_progress
 from engine.views import query_views
 from schema.redis_client import connect as connect_redis
 from schema.storage import (
@@ -91,21 +91,26 @@ class ProgressRecorder(StreamingQueryListener):
         self.record_progress = self.redis.register_script(_RECORD_PROGRESS_LUA)
         self.record_error = self.redis.register_script(_RECORD_ERROR_LUA)
         self.names: dict[str, str] = {}  # query id -> query name, for terminations
+        self.started: dict[str, float] = {}  # query id -> its last batch's start (epoch s)
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's API
         self.names[str(event.id)] = event.name
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
         progress = event.progress
+        started = epoch_seconds(progress.timestamp)
+        previous = self.started.get(str(progress.id))
+        self.started[str(progress.id)] = started
+        rates = BatchRates.of(progress, started - previous if previous else None)
         late = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         stats = {
-            META_INPUT_RATE: round(progress.inputRowsPerSecond or 0.0, 1),
-            META_PROCESSING_RATE: round(progress.processedRowsPerSecond or 0.0, 1),
+            META_INPUT_RATE: round(rates.input_per_s, 1),
+            META_PROCESSING_RATE: round(rates.processed_per_s, 1),
             META_BATCH_MS: int(progress.batchDuration or 0),
             META_PROGRESS_AT_MS: int(time.time() * 1000),
         }
         for view, generation in query_views(progress.name):
-            observe_progress(view, progress)
+            observe_progress(view, progress, rates)
             try:
                 self.record_progress(keys=[meta_key(view)],
                                      args=[progress.batchId, generation, late,
@@ -118,6 +123,7 @@ class ProgressRecorder(StreamingQueryListener):
 
     def onQueryTerminated(self, event) -> None:  # noqa: N802
         views = query_views(self.names.pop(str(event.id), None))
+        self.started.pop(str(event.id), None)
         if not event.exception:
             return
         message = summarize(str(event.exception))

@@ -19,9 +19,10 @@ import pyarrow as pa
 # which rounds them its own way).
 _MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1}
 # The tzinfo pyarrow gives these values: ZoneInfo instances are cached, so this is the same
-# object, and equal rows print alike.
+# object, and equal rows print alike. Times made elsewhere as Spark's are made from it too
+# (engine.driver_read).
 _UTC = zoneinfo.ZoneInfo("UTC")
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
+UTC_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 
 
 def arrow_rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -71,5 +72,5 @@ def _values(array: pa.Array) -> list[Any]:
 def _utc_times(array: pa.Array) -> list[datetime.datetime | None]:
     per = _MICROS[array.type.unit]
     delta = datetime.timedelta
-    return [None if n is None else _EPOCH + delta(microseconds=n * per)
+    return [None if n is None else UTC_EPOCH + delta(microseconds=n * per)
             for n in array.cast(pa.int64()).to_pylist()]

@@ -102,6 +102,15 @@ class Settings(BaseSettings):
         "ones, are collected into the driver, since a Python task's round trip costs "
         "about 110 ms a job whatever its size.",
     )
+    engine_driver_fetch_max_records: int = Field(
+        5_000,
+        ge=0,
+        description="A graph batch of at most this many Kafka records (counted from its "
+        "offsets) is fetched by the driver straight from Kafka, with no Spark job (a job "
+        "costs about 110 ms on two cores whatever its size); larger batches, and any batch "
+        "with a record Spark must classify (malformed JSON, a wrong type), are read by "
+        "Spark. 0: every batch by Spark.",
+    )
     engine_metrics_port: int = Field(
         9464, description="Port of the engine's Prometheus /metrics; 0 turns it off."
     )

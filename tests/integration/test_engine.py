@@ -396,9 +396,10 @@ def test_a_failed_query_leaves_its_reason_until_a_batch_gets_through(shop):
     meta = ViewMeta.from_fields(client.hgetall(meta_key(view)))
     assert meta.last_error == "org.apache.spark.SparkException: the sink failed"
     progress = SimpleNamespace(
-        name=name, batchId=7, stateOperators=[], inputRowsPerSecond=12.0,
+        id=query_id, name=name, batchId=7, stateOperators=[], inputRowsPerSecond=12.0,
         processedRowsPerSecond=30.5, batchDuration=250, numInputRows=60, sources=[],
-        eventTime={}, timestamp="2026-11-23T00:00:00.000Z")
+        eventTime={}, timestamp="2026-11-23T00:00:00.000Z",
+        durationMs={"triggerExecution": 250})
     recorder.onQueryProgress(SimpleNamespace(progress=progress))
     meta = ViewMeta.from_fields(client.hgetall(meta_key(view)))
     assert meta.last_error == "" and meta.batch_ms == 250

@@ -41,8 +41,10 @@ PREFIX = "kill"
 VIEWS = ("Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales")
 
 
-def _metric(engine: EngineProcess, name: str, view: str) -> float | None:
-    """One sample of the running engine's /metrics; None when it is not there (yet)."""
+def _metric(engine: EngineProcess, name: str, view: str, label: str = "view"
+            ) -> float | None:
+    """One sample of the running engine's /metrics (its `label` equal to `view`); None
+    when it is not there (yet)."""
     url = f"http://127.0.0.1:{engine.env['VIEWGATE_ENGINE_METRICS_PORT']}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -51,7 +53,7 @@ def _metric(engine: EngineProcess, name: str, view: str) -> float | None:
         return None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and sample.labels.get("view") == view:
+            if sample.name == name and sample.labels.get(label) == view:
                 return sample.value
     return None
 
@@ -142,6 +144,9 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     )
 
     assert view_mismatches(client, customers, orders) == []
+    # The last run's batches were fetched from Kafka by the driver (engine.driver_fetch),
+    # as live batches are; the runs before read some through Spark (a first batch).
+    assert (_metric(engine, "viewgate_graph_batch_reads_total", "fetch", "path") or 0) > 0
 
     for view in VIEWS:
         # Delta holds as many rows as Redis, and no batch was merged twice.

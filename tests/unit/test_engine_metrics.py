@@ -42,3 +42,41 @@ def test_rows_changed_are_totalled_over_views():
     observe_rows_changed("test_view_b", 30)
     observe_rows_changed("test_view_a", 0)
     assert rows_changed_total() - before == 150
+
+
+def _progress(rows: int, start: object, end: object, ms: int = 500) -> dict:
+    return {"numInputRows": rows, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0,
+            "durationMs": {"triggerExecution": ms},
+            "sources": [{"startOffset": start, "endOffset": end}]}
+
+
+def test_a_batch_the_driver_fetched_counts_its_records_from_its_offsets():
+    from engine.metrics import records_read
+
+    # Spark counted the batch's rows: its figure stands.
+    assert records_read(_progress(7, '{"orders": {"0": 0}}', '{"orders": {"0": 90}}')) == 7
+    # Spark ran no read (engine.driver_fetch): the offsets say, as text or parsed JSON; a
+    # partition new in the batch (no start) is not guessed.
+    fetched = _progress(0, '{"orders": {"0": 100, "1": 40}}',
+                        '{"orders": {"0": 130, "1": 45, "2": 9}}')
+    assert records_read(fetched) == 35
+    assert records_read(_progress(0, {"orders": {"0": 100}}, {"orders": {"0": 130}})) == 30
+    assert records_read(_progress(0, None, '{"orders": {"0": 5}}')) == 0
+
+
+def test_the_rates_of_a_fetched_batch_are_made_from_its_offsets():
+    from engine.metrics import BatchRates
+
+    class Progress(dict):  # PySpark's progress: a dict with properties
+        numInputRows = property(lambda self: self["numInputRows"])
+        inputRowsPerSecond = property(lambda self: self["inputRowsPerSecond"])
+        processedRowsPerSecond = property(lambda self: self["processedRowsPerSecond"])
+        durationMs = property(lambda self: self["durationMs"])
+
+    fetched = Progress(_progress(0, '{"orders": {"0": 0}}', '{"orders": {"0": 300}}', ms=250))
+    rates = BatchRates.of(fetched, since_previous_s=0.6)
+    assert (rates.records, rates.input_per_s, rates.processed_per_s) == (300, 500.0, 1200.0)
+    assert BatchRates.of(fetched, since_previous_s=None).input_per_s == 0.0
+    counted = Progress({**_progress(300, "{}", "{}"), "inputRowsPerSecond": 480.0,
+                        "processedRowsPerSecond": 1100.0})
+    assert BatchRates.of(counted, since_previous_s=0.6) == BatchRates(300, 480.0, 1100.0)

@@ -171,8 +171,9 @@ def test_a_kafka_key_that_is_not_utf8_is_one_key_decoded_leniently():
 
 
 def test_a_batch_is_folded_by_its_tasks_only_when_it_is_large(tmp_path):
-    """GraphBatch._by_tasks: its size from its end offsets and the previous batch's (read
-    from the checkpoint, then kept); a batch of unknown size is folded."""
+    """GraphBatch._by_tasks: its size from its end offsets and where it starts (the previous
+    batch's ends, GraphBatch._starts: read from the checkpoint, then kept); a batch of
+    unknown size is folded."""
     from types import SimpleNamespace
 
     from engine.graph import GraphBatch
@@ -183,7 +184,7 @@ def test_a_batch_is_folded_by_its_tasks_only_when_it_is_large(tmp_path):
                             checkpoint=str(tmp_path))
 
     def by_tasks(batch_id, ends):
-        return GraphBatch._by_tasks(graph, batch_id, ends)
+        return GraphBatch._by_tasks(graph, GraphBatch._starts(graph, batch_id, ends), ends)
     assert by_tasks(5, {"orders": {"0": 130, "1": 130}})  # 60 records, from the file
     assert not by_tasks(6, {"orders": {"0": 150, "1": 150}})  # 40, from batch 5's ends
     assert by_tasks(7, None)  # no offsets known (a batch run outside a query)

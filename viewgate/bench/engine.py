@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from engine.metrics import records_read
 from schema import demo
 from schema.catalog import Catalog
 from schema.delta_read import live_rows
@@ -93,9 +94,9 @@ def progress_dicts(query: Any) -> list[dict[str, Any]]:
 
 def steady_batches(progress: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The batches with input, less the first (warm-up) and a last one of leftovers."""
-    batches = [p for p in progress if p["numInputRows"] > 0]
+    batches = [p for p in progress if records_read(p) > 0]
     steady = batches[1:]
-    largest = max((p["numInputRows"] for p in batches), default=0)
+    largest = max((records_read(p) for p in batches), default=0)
     if steady and steady[-1]["numInputRows"] < largest / 2:
         steady = steady[:-1]
     return steady
@@ -106,22 +107,22 @@ def throughput(progress: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     but the first (JIT, state store and Delta snapshot warm-up) and a last one holding
     only the remainder (under half the largest batch: mostly fixed cost) over the sum of
     their trigger durations; plus each batch's rate and the mean of each phase's duration."""
-    batches = [p for p in progress if p["numInputRows"] > 0]
+    batches = [p for p in progress if records_read(p) > 0]
     steady = steady_batches(progress)
     if not steady:
         raise BenchError(
             f"only {len(batches)} batch(es) had input: preload more events (--engine-events) "
             "or make batches smaller (--engine-batch)"
         )
-    rows = sum(p["numInputRows"] for p in steady)
+    rows = sum(records_read(p) for p in steady)
     ms = sum(p["durationMs"]["triggerExecution"] for p in steady)
     phases = sorted({k for p in steady for k in p["durationMs"]})
     return {
         "events_per_s": rows / (ms / 1000),
-        "input_events": sum(p["numInputRows"] for p in batches),
+        "input_events": sum(records_read(p) for p in batches),
         "batches": len(steady),
         "batch_events_per_s": [
-            p["numInputRows"] / max(p["durationMs"]["triggerExecution"], 1) * 1000 for p in batches
+            records_read(p) / max(p["durationMs"]["triggerExecution"], 1) * 1000 for p in batches
         ],
         "phase_ms": {
             k: sum(p["durationMs"].get(k, 0) for p in steady) / len(steady) for k in phases
@@ -173,7 +174,7 @@ def profile(
     (`compute_ms` is then addBatch less the commit: running the view's plan), or the graph's
     steps (engine.graph)."""
     if batches is None:
-        batches = steady_batches(progress) or [p for p in progress if p["numInputRows"] > 0]
+        batches = steady_batches(progress) or [p for p in progress if records_read(p) > 0]
     if not batches:
         return {}
     out: dict[str, float] = {"batches": len(batches)}
