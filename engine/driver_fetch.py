@@ -8,18 +8,18 @@ checkpoint (engine.batch_offsets), which Spark wrote ahead of the batch. So for 
 up to `engine_driver_fetch_max_records` records the driver fetches those offsets with a
 Kafka consumer and classifies each record as engine.sources does in Spark.
 
-Both paths must give the same rows, since a replayed batch may take the other one (the
-same rows in the same order within a partition; across partitions Spark's order is its
+Both paths must give the same rows, since a replayed batch may take the other one: the
+same rows, in the same order within a partition. (Across partitions Spark's order is its
 own, which matters only to records without a Kafka key, so a batch with such records in
-several partitions goes to Spark). Spark's
-`from_json` is more lenient than JSON (single quotes, NaN, a number read as text) and has
-rules of its own for times and numbers, so the driver accepts only records it reads the way
-Spark does: each value a JSON object whose fields hold JSON of exactly their column's type
-(text for STRING, an integer in range for INT and BIGINT, a finite number for DOUBLE, a
-boolean, an ISO-8601 time with its zone for TIMESTAMP), or null. A record outside that
-(malformed JSON, a wrong type, a key that is not UTF-8, ...) hands the whole batch back to
-Spark's read, whose classification decides, as does a source with a column of another
-type. tests/integration/test_driver_fetch.py holds both paths' rows equal.
+several partitions goes to Spark.) Spark's `from_json` is more lenient than JSON (single
+quotes, NaN, a number read as text) and has rules of its own for times and numbers, so the
+driver accepts only records it reads the way Spark does: each value a JSON object whose
+fields hold JSON of exactly their column's type (text for STRING, an integer in range for
+INT and BIGINT, a finite number for DOUBLE, a boolean, an ISO-8601 time with its zone for
+TIMESTAMP), or null. A record outside that (malformed JSON, a wrong type, a key that is
+not UTF-8, ...) hands the whole batch back to Spark's read, whose classification decides,
+as does a source with a column of another type. tests/integration/test_driver_fetch.py
+holds both paths' rows equal.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from engine.sources import CORRUPT, value_column
+from engine.driver_sql import OutsideSubset  # here: a record Spark must classify
+from engine.sources import CORRUPT, FETCH_MAX_WAIT_MS, value_column
 from schema.arrow_rows import UTC_EPOCH
 from schema.catalog import Source, parse_ddl
 from schema.settings import Settings
@@ -60,10 +61,6 @@ _CHANGES_PARSING = re.compile(r"timeParserPolicy|json|timestamp|ansi|caseSensiti
 
 class _Pairs(list):
     """A JSON object's fields in their order, duplicates kept (a JSON array is a list)."""
-
-
-class OutsideSubset(Exception):
-    """A record the driver does not read the way Spark does: the batch goes to Spark."""
 
 
 def _no_constant(name: str) -> Any:
@@ -313,7 +310,7 @@ class DriverFetch:
                 "isolation.level": "read_uncommitted",
                 "auto.offset.reset": "error",
                 "enable.partition.eof": True,
-                "fetch.wait.max.ms": 5,  # as engine.sources.FETCH_MAX_WAIT_MS
+                "fetch.wait.max.ms": FETCH_MAX_WAIT_MS,  # as Spark's read waits
             })
         return self._consumer
 

@@ -300,6 +300,7 @@ class GraphBatch:
             read = self._read(batch, {n: self._seen(self.committers[n])
                                       for n in self.streams if n not in held},
                               by_tasks, fetched)
+            observe_graph_read("fetch" if by_fetch else "tasks" if by_tasks else "spark")
             for name, writer in self.dead_letters.items():
                 writer.publish(read.records[name].bad, batch_id)
         self.timings = {"read_ms": (time.perf_counter() - started) * 1000}
@@ -307,8 +308,6 @@ class GraphBatch:
             self.timings["read_in_tasks"] = 1.0  # a batch folded by its tasks (profiles)
         if by_fetch:
             self.timings["read_by_fetch"] = 1.0  # fetched by the driver from Kafka
-        if len(held) < len(self.views):
-            observe_graph_read("fetch" if by_fetch else "tasks" if by_tasks else "spark")
         self.stream_batches = {}
         try:
             # Each view is computed as soon as the views it reads are (Order does not wait

@@ -10,6 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from engine.driver_fetch import DriverFetch
 from engine.frames import rows_of
+from engine.rebuild import log_range
 from engine.sources import classify_sources
 from schema.catalog import Source
 
@@ -100,14 +101,9 @@ def _produce(settings, topic: str, records, partition: int = 0) -> None:
     assert producer.flush(30) == 0
 
 
-def _ends(settings, topic: str, partitions: int) -> dict[str, dict[str, int]]:
-    from confluent_kafka import Consumer, TopicPartition
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "t"})
-    try:
-        return {topic: {str(p): consumer.get_watermark_offsets(
-            TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}}
-    finally:
-        consumer.close()
+def _ends(settings, topic: str) -> dict[str, dict[str, int]]:
+    return {topic: {str(p): end for p, (_, end) in
+                    log_range(settings.kafka_bootstrap, topic).items()}}
 
 
 def _spark_rows(spark, settings, source: Source) -> list[dict]:
@@ -126,7 +122,7 @@ def test_the_driver_reads_what_spark_reads(spark, settings, unique):
     _produce(settings, topic, [r for r in INSIDE if r[0] is not None][:6], partition=1)
     source = _source(topic)
     read = DriverFetch(settings.kafka_bootstrap, [source], max_records=100)
-    ends = _ends(settings, topic, 2)
+    ends = _ends(settings, topic)
     fetched = read.read({topic: {"0": 0, "1": 0}}, ends)
     assert fetched is not None
     expected = _spark_rows(spark, settings, source)
@@ -165,7 +161,7 @@ def test_batches_it_does_not_take(settings, unique):
     _produce(settings, topic, INSIDE[:4])
     _produce(settings, topic, [(None, _record(id='"z"', ts=TS))], partition=1)
     read = DriverFetch(settings.kafka_bootstrap, [_source(topic)], max_records=3)
-    ends = _ends(settings, topic, 2)
+    ends = _ends(settings, topic)
     assert read.read(None, ends) is None  # the first batch: where it starts is unknown
     assert read.read({topic: {"0": 0}}, ends) is None  # a partition new since the last
     assert read.read({topic: {"0": 0, "1": 1}}, ends) is None  # 4 records > 3

@@ -41,9 +41,9 @@ PREFIX = "kill"
 VIEWS = ("Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales")
 
 
-def _metric(engine: EngineProcess, name: str, view: str, label: str = "view"
+def _metric(engine: EngineProcess, name: str, value: str, label: str = "view"
             ) -> float | None:
-    """One sample of the running engine's /metrics (its `label` equal to `view`); None
+    """One sample of the running engine's /metrics, the one whose `label` is `value`; None
     when it is not there (yet)."""
     url = f"http://127.0.0.1:{engine.env['VIEWGATE_ENGINE_METRICS_PORT']}/metrics"
     try:
@@ -53,7 +53,7 @@ def _metric(engine: EngineProcess, name: str, view: str, label: str = "view"
         return None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and sample.labels.get(label) == view:
+            if sample.name == name and sample.labels.get(label) == value:
                 return sample.value
     return None
 
