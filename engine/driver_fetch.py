@@ -35,6 +35,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from engine.batch_offsets import records_between
 from engine.driver_sql import OutsideSubset  # here: a record Spark must classify
 from engine.sources import CORRUPT, FETCH_MAX_WAIT_MS, value_column
 from schema.arrow_rows import UTC_EPOCH
@@ -231,18 +232,16 @@ class DriverFetch:
 
     def _ranges(self, starts: Offsets | None, ends: Offsets | None
                 ) -> list[tuple[str, int, int, int]] | None:
-        if starts is None or ends is None or set(ends) - set(self.readers):
+        if ends is None or set(ends) - set(self.readers):
             return None
-        ranges, total = [], 0
-        for topic, partitions in sorted(ends.items()):
-            for partition, end in sorted(partitions.items(), key=lambda p: int(p[0])):
-                start = starts.get(topic, {}).get(partition)
-                if start is None:  # a partition new since the last batch
-                    return None
-                if end > start:
-                    ranges.append((topic, int(partition), start, end))
-                    total += end - start
-        return ranges if total <= self.max_records else None
+        # None when a start is unknown: the first batch, or a partition new since the last.
+        count = records_between(starts, ends)
+        if count is None or count > self.max_records:
+            return None
+        return [(topic, int(partition), starts[topic][partition], end)
+                for topic, partitions in sorted(ends.items())
+                for partition, end in sorted(partitions.items(), key=lambda p: int(p[0]))
+                if end > starts[topic][partition]]
 
     def _fetch(self, ranges: list[tuple[str, int, int, int]]) -> list[Row]:
         consumer = self._connected()

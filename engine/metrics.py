@@ -111,12 +111,8 @@ def _lag(sources: list[Any]) -> int:
     """Events between each source's end offset for the batch and the latest in Kafka."""
     total = 0
     for source in sources:
-        try:
-            # Either may be JSON null (a replayed batch after a restart has no latest).
-            latest = json.loads(source.latestOffset or "{}") or {}
-            done = json.loads(source.endOffset or "{}") or {}
-        except (TypeError, ValueError):
-            continue
+        # Either may be JSON null (a replayed batch after a restart has no latest).
+        latest, done = _offsets(source.latestOffset), _offsets(source.endOffset)
         for topic, partitions in latest.items():
             for partition, offset in partitions.items():
                 total += max(0, int(offset) - int(done.get(topic, {}).get(partition, 0)))
@@ -141,6 +137,8 @@ def records_read(progress: Mapping[str, Any]) -> int:
     less their start offsets (an upper bound on a compacted topic)."""
     if progress["numInputRows"]:
         return int(progress["numInputRows"])
+    # Unlike engine.batch_offsets.records_between, a partition without a start (new in
+    # the batch) counts none but leaves the others counted: this is a rate, not a bound.
     total = 0
     for source in progress.get("sources") or ():
         start, end = _offsets(source["startOffset"]), _offsets(source["endOffset"])
