@@ -9,11 +9,22 @@ would call it, over the same Kafka records."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import redis
+from deltalake import DeltaTable
 from engine_process import feed_changes, feed_ends, in_time_events
-from shop_views import catalog_on, isolated, produce, redis_rows, view_mismatches
+from shop_views import (
+    catalog_on,
+    delta_frame,
+    isolated,
+    produce,
+    redis_rows,
+    view_mismatches,
+)
 
 from engine.graph import GraphBatch, graph_sources
 from engine.metrics import rows_changed_total
@@ -24,6 +35,8 @@ from schema.storage import (
     GRAPH_APPLYING,
     GRAPH_VERSION,
     ViewMeta,
+    delta_app_id,
+    delta_table_path,
     graph_key,
     meta_key,
 )
@@ -48,6 +61,56 @@ def _records(spark, settings, catalog, since: dict[str, dict[str, int]]):
            .option("startingOffsets", json.dumps(starts))
            .option("endingOffsets", json.dumps(ends)).load())
     return classify_sources(raw, sources), ends
+
+
+def _died_mid_apply(held):
+    """GraphBatch._apply as it goes when the engine dies after Redis took the views
+    `held`'s applies of the batch, and before it took the others'."""
+    def died_mid_apply(self, batch_id, pending):
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(graph_key(self.generation), GRAPH_APPLYING, batch_id)
+        for name in held:
+            self.committers[name].queue_apply(pending[name], pipe)
+        pipe.execute()
+        raise RuntimeError("the engine died in the middle of its Redis round trip")
+    return died_mid_apply
+
+
+def _unlogged_files(path: str) -> list[str]:
+    """The table's data and change-data files that no commit of its log names: what a MERGE
+    left behind when its commit was called off (engine.graph's gates) would be here."""
+    logged = set()
+    for entry in Path(path, "_delta_log").glob("*.json"):
+        logged |= set(re.findall(r'"path":"([^"]+)"', entry.read_text()))
+    files = {str(f.relative_to(path)) for f in Path(path).rglob("*.parquet")
+             if "_delta_log" not in f.parts}
+    return sorted(files - logged)
+
+
+def _delta_mismatches(client, settings, views) -> list[str]:
+    """The views whose Delta table differs from their Redis rows, or does not hold batch 1
+    as its app's last transaction, or holds a file no commit names."""
+    problems = []
+    for view in views:
+        path = delta_table_path(settings.delta_location, view, 0)
+        table = DeltaTable(path)
+        in_redis = redis_rows(client, view)
+        key = {"Customer": "customer_id", "CustomerStats": "customer_id"}.get(view)
+        frame = delta_frame(settings, view)
+        last = table.transaction_version(delta_app_id(view, 0))
+        if last != 1:
+            problems.append(f"{view}: its last transaction is {last}, not batch 1")
+        if len(frame) != len(in_redis):
+            problems.append(f"{view}: {len(frame)} rows in Delta, {len(in_redis)} in Redis")
+        if key and set(frame[key]) != set(in_redis):
+            problems.append(f"{view}: other keys in Delta than in Redis")
+        if view == "CustomerStats" and {
+                r.customer_id: r.order_count for r in frame.itertuples()} != {
+                k: r["order_count"] for k, r in in_redis.items()}:
+            problems.append(f"{view}: other counts in Delta than in Redis")
+        if _unlogged_files(path):
+            problems.append(f"{view}: files no commit names: {_unlogged_files(path)}")
+    return problems
 
 
 @pytest.mark.parametrize("task_read", [False, True], ids=["driver-read", "task-read"])
@@ -78,16 +141,8 @@ def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
     feeds = {view: feed_ends(settings.kafka_bootstrap, view) for view in VIEWS}
     batch, _ = _records(spark, settings, catalog, ends)
 
-    def died_mid_apply(self, batch_id, pending):
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(graph_key(self.generation), GRAPH_APPLYING, batch_id)
-        for name in HELD:
-            self.committers[name].queue_apply(pending[name], pipe)
-        pipe.execute()
-        raise RuntimeError("the engine died in the middle of its Redis round trip")
-
     with monkeypatch.context() as patch:
-        patch.setattr(GraphBatch, "_apply", died_mid_apply)
+        patch.setattr(GraphBatch, "_apply", _died_mid_apply(HELD))
         with pytest.raises(RuntimeError, match="middle of its Redis round trip"):
             step(batch, 1)
     versions = {v: ViewMeta.from_fields(client.hgetall(meta_key(v))).version for v in VIEWS}
@@ -115,4 +170,64 @@ def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
         assert all((rows.get(e.key) is None) == (e.row is None) for e in changes), view
     # The rows the batch changed, as the engine's metric counts them: its change events.
     assert rows_changed_total() - counted == published
+    # Delta got batch 1 once, and the MERGEs the death called off left no file.
+    assert _delta_mismatches(client, settings, VIEWS) == []
     client.close()
+
+
+def test_a_view_whose_apply_finds_its_batch_in_redis_merges_the_stored_changes(
+        spark, settings, tmp_path, monkeypatch):
+    """Redis may hold a batch that the graph did not find held when the batch began (a
+    writer of the same generation applied it meanwhile). Such a view's apply says
+    REPLAYED, and its stored change events replace the computed ones: the MERGE the graph
+    started from the computed ones is called off, and started again from the stored ones.
+    The views here are ones no other view reads, so only their Delta tables can tell."""
+    settings = isolated(settings, tmp_path, redis_db=28)
+    client = redis.Redis.from_url(settings.redis_url)
+    client.flushdb()
+    prefix = f"{PREFIX}replayed"
+    catalog = catalog_on(prefix)
+    generations, schemas = prepare(spark, settings, catalog)
+    customers, orders = in_time_events(prefix, 400)
+    produce(settings.kafka_bootstrap, customers[:100] + orders[:200])
+    step = GraphBatch(spark, settings, catalog, generations, schemas,
+                      str(tmp_path / "checkpoint"), dead_letters=False)
+    batch, ends = _records(spark, settings, catalog, {})
+    step(batch, 0)
+    produce(settings.kafka_bootstrap, customers[100:] + orders[200:])
+    batch, _ = _records(spark, settings, catalog, ends)
+    leaves = ("CustomerStats", "ProductSales")
+    with monkeypatch.context() as patch:
+        patch.setattr(GraphBatch, "_apply", _died_mid_apply(leaves))
+        with pytest.raises(RuntimeError, match="middle of its Redis round trip"):
+            step(batch, 1)
+    with monkeypatch.context() as patch:
+        patch.setattr(GraphBatch, "_held", lambda self, batch_id: set())
+        step(batch, 1)
+    assert {v for v in VIEWS if f"{v}_compute_ms" in step.timings} == set(VIEWS)
+    assert view_mismatches(client, customers, orders) == []
+    assert _delta_mismatches(client, settings, VIEWS) == []
+    # Computed again over Redis holding batch 1, an update's previous row would be its new
+    # row: batch 1's change data must hold the stored changes, whose previous rows are
+    # batch 0's.
+    for view in leaves:
+        updates = _batch_updates(settings, view, batch_id=1)
+        assert updates and all(before != after for before, after in updates), view
+    client.close()
+
+
+def _batch_updates(settings, view: str, batch_id: int) -> list[tuple[dict, dict]]:
+    """The (pre-image, post-image) pairs of the updates in the Delta commit of `batch_id`."""
+    table = DeltaTable(delta_table_path(settings.delta_location, view, 0))
+    version = next(c["version"] for c in table.history()
+                   if json.loads(c.get("userMetadata") or "{}").get("batch_id") == batch_id)
+    changes = pa.table(table.load_cdf(starting_version=version, ending_version=version))
+    meta = {"_change_type", "_commit_version", "_commit_timestamp"}
+    images: dict[str, dict[str, dict]] = {"update_preimage": {}, "update_postimage": {}}
+    key = ("customer_id",) if view == "CustomerStats" else ("product_id", "window_start")
+    for row in changes.to_pylist():
+        if row["_change_type"] in images:
+            images[row["_change_type"]][tuple(row[k] for k in key)] = {
+                k: v for k, v in row.items() if k not in meta}
+    pre, post = images["update_preimage"], images["update_postimage"]
+    return [(pre[k], post[k]) for k in sorted(pre)]
