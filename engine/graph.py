@@ -15,8 +15,7 @@ One Kafka read covers every topic those views stream. Each batch:
 3. applies every view to Redis in one round trip, between the graph's `applying` and
    `version` marks (schema.storage.graph_key), so Redis never shows a reader two versions
    of the graph for longer than that round trip, and a reader can tell;
-4. publishes each view's change events, and commits each view's MERGE into Delta (its
-   files written while Redis applied the batch, its commit only once Redis holds it).
+4. publishes each view's change events, and MERGEs each into Delta.
 Every view is committed under the batch's one id, which is therefore one version across
 all of them: a reader that sees version N of one view can ask every other for N.
 
@@ -109,7 +108,6 @@ from schema.storage import (
     GRAPH_VERSION,
     META_LATE_EVENTS,
     META_WATERMARK,
-    REPLAYED,
     RETIRED,
     Op,
     delta_app_id,
@@ -321,22 +319,36 @@ class GraphBatch:
                     self._compute, view, read, covers, batch_id, held, inputs)
             wait(computing.values())  # every view done, also when one failed
             pending = {name: f.result() for name, f in computing.items()}
-            # Delta's MERGEs write their files while Redis applies the batch (the driver
-            # mostly waits on Redis then), and each commits once its gate opens: once Redis
-            # holds the view's batch as computed. A gate left closed (the batch failed
-            # before, or a rebuild retired it) commits nothing. The batch waits for every
-            # MERGE, also when a step failed.
-            gates: dict[str, Future[None]] = {name: Future() for name in pending}
-            merges = {n: self.delta_threads.submit(self.committers[n].to_delta, p,
-                                                   gates[n].result)
-                      for n, p in pending.items()}
+            lap = time.perf_counter()
+            if self._apply(batch_id, pending) == RETIRED:
+                return  # as above: the engine restarts the query on the new generation
+            self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
+            for name, prepared in pending.items():
+                observe_rows_changed(name, len(prepared.events))
+            for name, done in self.stream_batches.items():
+                observe_stream(name, done.late, done.meta.get(META_WATERMARK))
+            for view in self.views:
+                failpoint("after_redis", view.name)
+            # Delta's MERGEs run while the change feeds are published: both only need
+            # Redis to hold the batch. The batch waits for every MERGE, also when a
+            # delivery failed.
+            lap = time.perf_counter()
+            merges = [self.delta_threads.submit(self.committers[n].to_delta, p)
+                      for n, p in pending.items()]
             try:
-                if not self._commit(batch_id, pending, gates, merges):
-                    return  # as above: the engine restarts the query on the new generation
+                # The views with the fewest changes first: a subscriber's gateway reads the
+                # feeds in the order they arrive, so one view's thousands of changes (Order,
+                # when a tier changes) no longer hold back a view of a few (CustomerStats).
+                by_size = sorted(pending.items(), key=lambda item: len(item[1].events))
+                sent = [self.committers[n].send(p) for n, p in by_size]
+                for delivered in sent:  # the feeds' deliveries overlap
+                    delivered()
+                self.timings["feed_ms"] = (time.perf_counter() - lap) * 1000
             finally:
-                for gate in gates.values():
-                    gate.cancel()  # the gates not opened: nothing of theirs is committed
-                wait(merges.values())
+                wait(merges)
+            for merge in merges:
+                merge.result()  # a failed MERGE fails the batch, which Spark replays
+            self.timings["delta_ms"] = (time.perf_counter() - lap) * 1000
         finally:
             for view in self.views:
                 IN_FLIGHT.pop(view.name, None)
@@ -350,49 +362,6 @@ class GraphBatch:
                       ", ".join(f"{k} {v:.0f}" for k, v in self.timings.items()),
                       extra={"view": GRAPH_TIMINGS, "batch_id": batch_id,
                              "timings": self.timings})
-
-    def _commit(self, batch_id: int, pending: Mapping[str, Pending],
-                gates: Mapping[str, Future[None]], merges: dict[str, Future[None]]) -> bool:
-        """Redis, then the change feeds, with Delta's MERGEs (already writing their files)
-        committed beside the feeds; False if a rebuild retired the generation meanwhile."""
-        lap = time.perf_counter()
-        statuses = self._apply(batch_id, pending)
-        if statuses is None:
-            return False
-        self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
-        for name, prepared in pending.items():
-            observe_rows_changed(name, len(prepared.events))
-        for name, done in self.stream_batches.items():
-            observe_stream(name, done.late, done.meta.get(META_WATERMARK))
-        for view in self.views:
-            failpoint("after_redis", view.name)
-        lap = time.perf_counter()
-        for name, gate in gates.items():
-            if statuses.get(name) == REPLAYED:
-                # Redis held the batch already (another writer's): its stored changes
-                # replaced the computed ones, and the MERGE starts again from them.
-                gate.cancel()
-                wait([merges[name]])  # its files written, nothing committed
-                merges[name] = self.delta_threads.submit(self.committers[name].to_delta,
-                                                         pending[name])
-            else:
-                gate.set_result(None)
-        try:
-                # The views with the fewest changes first: a subscriber's gateway reads the
-                # feeds in the order they arrive, so one view's thousands of changes (Order,
-                # when a tier changes) no longer hold back a view of a few (CustomerStats).
-            by_size = sorted(pending.items(), key=lambda item: len(item[1].events))
-            sent = [self.committers[n].send(p) for n, p in by_size]
-            for delivered in sent:  # the feeds' deliveries overlap
-                delivered()
-            self.timings["feed_ms"] = (time.perf_counter() - lap) * 1000
-        finally:
-            wait(merges.values())
-        for merge in merges.values():
-            merge.result()  # a failed MERGE fails the batch, which Spark replays
-        # Delta's time after Redis: what of the MERGEs the batch still waits for.
-        self.timings["delta_ms"] = (time.perf_counter() - lap) * 1000
-        return True
 
     def _held(self, batch_id: int) -> set[str] | None:
         """The views whose Redis holds `batch_id` already (a replay after a crash past
@@ -438,10 +407,9 @@ class GraphBatch:
         self.timings[f"{view.name}_compute_ms"] = (time.perf_counter() - started) * 1000
         return prepared
 
-    def _apply(self, batch_id: int, pending: Mapping[str, Pending]) -> dict[str, int] | None:
-        """Every view's Redis apply in one pipeline, between the graph's marks: what each
-        view's apply said (schema.storage APPLIED, REPLAYED), views Redis held before left
-        out; None if a rebuild retired the generation meanwhile."""
+    def _apply(self, batch_id: int, pending: Mapping[str, Pending]) -> int | None:
+        """Every view's Redis apply in one pipeline, between the graph's marks; RETIRED if
+        a rebuild retired the generation meanwhile."""
         todo = [(name, p) for name, p in pending.items() if not p.applied]
         marker = graph_key(self.generation)
         # One pipeline: the mark, the applies, the mark. A cluster pipeline sends each master
@@ -462,10 +430,10 @@ class GraphBatch:
             statuses = [int(s) for s in applies.execute()[1:-2]]
         self.timings["redis_ms"] = (time.perf_counter() - sent) * 1000
         if RETIRED in statuses:
-            return None
+            return RETIRED
         for (name, prepared), status in zip(todo, statuses, strict=True):
             self.committers[name].applied(prepared, status)
-        return {name: status for (name, _), status in zip(todo, statuses, strict=True)}
+        return None
 
     def _before(self, committer: ViewCommitter, keys: list[str]) -> Before:
         """What Redis holds of `keys`; Delta fills in rows Redis lost (a flush) and the

@@ -78,7 +78,7 @@ def _died_mid_apply(held):
 
 def _unlogged_files(path: str) -> list[str]:
     """The table's data and change-data files that no commit of its log names: what a MERGE
-    left behind when its commit was called off (engine.graph's gates) would be here."""
+    cut short before its commit would leave behind."""
     logged = set()
     for entry in Path(path, "_delta_log").glob("*.json"):
         logged |= set(re.findall(r'"path":"([^"]+)"', entry.read_text()))
@@ -170,7 +170,8 @@ def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
         assert all((rows.get(e.key) is None) == (e.row is None) for e in changes), view
     # The rows the batch changed, as the engine's metric counts them: its change events.
     assert rows_changed_total() - counted == published
-    # Delta got batch 1 once, and the MERGEs the death called off left no file.
+    # Delta got batch 1 once, from the views' changes as Redis holds them, and no file
+    # outside its log.
     assert _delta_mismatches(client, settings, VIEWS) == []
     client.close()
 
@@ -179,9 +180,9 @@ def test_a_view_whose_apply_finds_its_batch_in_redis_merges_the_stored_changes(
         spark, settings, tmp_path, monkeypatch):
     """Redis may hold a batch that the graph did not find held when the batch began (a
     writer of the same generation applied it meanwhile). Such a view's apply says
-    REPLAYED, and its stored change events replace the computed ones: the MERGE the graph
-    started from the computed ones is called off, and started again from the stored ones.
-    The views here are ones no other view reads, so only their Delta tables can tell."""
+    REPLAYED, and its stored change events replace the computed ones, also in its Delta
+    MERGE. The views here are ones no other view reads, so only their Delta tables can
+    tell."""
     settings = isolated(settings, tmp_path, redis_db=28)
     client = redis.Redis.from_url(settings.redis_url)
     client.flushdb()
