@@ -68,8 +68,8 @@ def _no_constant(name: str) -> Any:
     raise OutsideSubset(f"JSON constant {name}")
 
 
-# Made once: json.loads with a hook builds a decoder per call, which cost a third of the
-# parse (20,000 records: 118 ms against 55 ms).
+# Made once: json.loads with a hook builds a decoder per call (20,000 records decoded in
+# 118 ms that way, in 55 ms by one decoder).
 _DECODER = json.JSONDecoder(object_pairs_hook=_Pairs, parse_constant=_no_constant)
 
 
