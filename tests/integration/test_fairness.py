@@ -66,7 +66,8 @@ class Flood:
         self.limit_errors = 0  # subscribes answered LIMIT_SUBSCRIPTIONS
         # Every handshake answered: only then do the admitted connections flood. A
         # connection the gateway closed for its flood frees its place, and a handshake
-        # still waiting would then be admitted (CI saw 83 of 100 refused, not 84).
+        # still waiting would then be admitted (a clean-clone run saw 83 of 100 refused,
+        # not 84).
         self.answered = asyncio.Event()
         self._handshakes = 0
 
