@@ -53,6 +53,7 @@ from engine.aggregates import (
 from engine.analysis import dependency_order
 from engine.analyzer import analysed, struct_of
 from engine.batch_offsets import read_batch_offsets, records_between
+from engine.collector import keep_collector_out_of_batches
 from engine.commit import IN_FLIGHT, Pending, ViewCommitter, offsets_fields
 from engine.current_rows import DeltaRows, RedisRows
 from engine.deadletter import DeadLetterWriter
@@ -686,6 +687,7 @@ def start_graph_query(
     register_query_views(name, [(v.name, generations[v.name]) for v in step.views])
     trigger = ({"availableNow": True} if available_now
                else {"processingTime": graph_trigger(catalog)})
+    keep_collector_out_of_batches()  # the batches' rows go by reference counting
     with scheduler_pool(spark, name):
         query = (classified.writeStream.foreachBatch(step).queryName(name)
                  .option("checkpointLocation", checkpoint).trigger(**trigger).start())

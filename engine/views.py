@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from engine.analyzer import SQL_LOCK
+from engine.collector import keep_collector_out_of_batches
 from engine.commit import ViewCommitter
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
@@ -115,6 +116,7 @@ def start_view_query(
         )
     writer = writer.queryName(query_name(view, generation)).option("checkpointLocation", checkpoint)
     trigger = {"availableNow": True} if available_now else {"processingTime": view.trigger}
+    keep_collector_out_of_batches()  # the batches' rows go by reference counting
     with scheduler_pool(spark, query_name(view, generation)):
         return writer.trigger(**trigger).start()
 
