@@ -257,7 +257,7 @@ class GraphBatch:
         # not ten new ones a second at the demo's pace.
         self.compute_threads = started_threads(len(self.views), "graph-view")
         self.delta_threads = started_threads(len(self.views), "graph-delta")
-        self.redis = connect_redis(settings.redis_url)  # the graph's applies and marks
+        self.redis = connect_redis(settings.redis_url, large_arguments=True)  # the applies, marks
         self._layout: dict[str, tuple[TopicLayout, bool]] | None = None
         # The read in Spark's tasks when every stream aggregate is evaluated without Spark
         # (engine.task_read); else the batch's records all come to the driver.

@@ -55,7 +55,7 @@ class RedisSink:
     def __init__(self, redis_url: str, view: View, fields: Mapping[str, FieldInfo]) -> None:
         self.view = view
         self.fields = fields
-        self.client = connect_redis(redis_url)
+        self.client = connect_redis(redis_url, large_arguments=True)  # a batch's apply
         self.apply_script = self.client.register_script(APPLY_BATCH_LUA)
         self._index_keys: dict[tuple[int, str], str] = {}  # (generation, field) -> its key
 

@@ -21,3 +21,14 @@ def test_a_plain_url_is_one_server() -> None:
     client = connect("redis://127.0.0.1:1/0")  # connects lazily: nothing listens there
     assert isinstance(client, Redis) and not isinstance(client, RedisCluster)
     client.close()
+
+
+def test_a_client_for_large_arguments_sends_them_without_a_copy() -> None:
+    large = b"x" * 8_000_000  # a batch's apply: its writes and outbox as one argument each
+    for large_arguments in (True, False):
+        client = connect("redis://127.0.0.1:1/0", large_arguments=large_arguments)
+        connection = client.connection_pool.make_connection()
+        packed = connection.pack_commands([("EVALSHA", "0" * 40, 1, "meta", large)])
+        assert b"".join(packed).endswith(b"$8000000\r\n" + large + b"\r\n")
+        assert any(chunk is large for chunk in packed) is large_arguments
+        client.close()
