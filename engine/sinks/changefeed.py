@@ -16,6 +16,7 @@ from schema.storage import ChangeEvent
 class ChangeFeed:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.topic = topic
+        self.failures: list[str] = []  # deliveries failed since the last wait
         self.producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
@@ -26,8 +27,16 @@ class ChangeFeed:
                 # each of a large batch's tens of thousands of events cost more CPU than
                 # producing them; flush() still waits for every delivery.
                 "delivery.report.only.error": True,
+                # The producer's callback, not one given to each produce() call: with the
+                # callback and keywords in every call, 14,000 events took 14-28 ms to
+                # queue, against 11-13 ms.
+                "on_delivery": self._delivered,
             }
         )
+
+    def _delivered(self, err, _msg) -> None:
+        if err is not None:
+            self.failures.append(str(err))
 
     def publish(self, events: Iterable[ChangeEvent], timeout_s: float = 60) -> int:
         return self.send(events)(timeout_s)
@@ -35,22 +44,13 @@ class ChangeFeed:
     def send(self, events: Iterable[ChangeEvent]) -> Callable[[float], int]:
         """Queue `events` for delivery; the function returned waits until the broker has
         them all (or fails: KafkaException). Several feeds' deliveries then overlap."""
-        errors: list[str] = []
-
-        def delivered(err, _msg) -> None:
-            if err is not None:
-                errors.append(str(err))
-
+        produce, topic = self.producer.produce, self.topic
         count = 0
         for event in events:
+            key, value = event.key.encode(), event.to_bytes()
             while True:
                 try:
-                    self.producer.produce(
-                        self.topic,
-                        key=event.key.encode(),
-                        value=event.to_bytes(),
-                        on_delivery=delivered,
-                    )
+                    produce(topic, value, key)
                     break
                 except BufferError:
                     self.producer.poll(0.1)  # local queue full: let deliveries drain
@@ -58,10 +58,11 @@ class ChangeFeed:
 
         def wait(timeout_s: float = 60) -> int:
             remaining = self.producer.flush(timeout_s)
-            if remaining or errors:
+            failures, self.failures = self.failures, []
+            if remaining or failures:
                 # Failing the batch makes Spark retry it; a replay republishes.
                 raise KafkaException(
-                    f"change feed {self.topic}: {remaining} undelivered, errors: {errors[:3]}"
+                    f"change feed {self.topic}: {remaining} undelivered, errors: {failures[:3]}"
                 )
             return count
         return wait
