@@ -52,6 +52,8 @@ def json_value(value: Any) -> Any:
 
 def row_key(row: Mapping[str, Any], columns: Sequence[str]) -> Key:
     """The row's key in JSON form."""
+    if len(columns) == 1:  # most keys: without a generator, a third of the time
+        return (json_value(row[columns[0]]),)
     return tuple(json_value(row[c]) for c in columns)
 
 
