@@ -24,6 +24,14 @@ def keep_collector_out_of_batches() -> None:
     """Called as a query starts (engine.graph, engine.views), before its first batch: what
     the engine built so far (modules, the Spark session's proxies, the views' plans) lives
     as long as the process, so it leaves the collector's passes (gc.freeze), and the
-    thresholds above replace CPython's. Calling it again is harmless."""
+    thresholds above replace CPython's.
+
+    A query started again in the same process (a rebuild's new generation) first frees
+    what the process froze before and no longer uses: a query it replaced may have left
+    cycles only a full collection frees, and a frozen object is never collected. That
+    collection is one pass over the process's objects (about 70 ms over 150,000)."""
+    if gc.get_freeze_count():
+        gc.unfreeze()
+        gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
