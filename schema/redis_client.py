@@ -13,10 +13,9 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis._parsers import Encoder
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.cluster import ClusterPipeline, RedisCluster
-from redis.connection import PythonRespSerializer
+from redis.connection import Encoder, PythonRespSerializer
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -35,7 +34,8 @@ def is_cluster(client: Any) -> bool:
 # Packs a command's arguments for redis-py without copying the large ones: each argument
 # past the cutoff is sent as it is. hiredis's packer (redis-py's default when hiredis is
 # installed) copies every argument into one buffer: for a batch's apply of 8 MB, 2.5 to 3 ms
-# a view, against 0.15 ms here (docs/engine-plan.md, "The garbage collector's full passes").
+# a view, against 0.15 ms here (docs/engine-plan.md, "The garbage collector's full passes,
+# and three costs of the interpreter").
 _LARGE_ARGUMENTS_PACKER = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
 
 
