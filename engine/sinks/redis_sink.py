@@ -84,7 +84,13 @@ class RedisSink:
         (a customer's tier reaching their orders leaves the orders' indexes alone)."""
         if old is None:
             return self.view.indexes
-        return tuple(f for f in self.view.indexes if not _same_value(old.get(f), row.get(f)))
+        changed: tuple[str, ...] = ()
+        for field in self.view.indexes:  # a loop, not a generator: asked for every update
+            stored, value = old.get(field), row.get(field)
+            if not (type(stored) is type(value) and stored == value) \
+                    and not _same_value(stored, value):
+                changed += (field,)
+        return changed
 
     def before(self, generation: int, keys: list[str]) -> Before:
         """What Redis holds before a batch, in one round trip: the stored rows of `keys`
@@ -127,9 +133,20 @@ class RedisSink:
         and its answer comes with the pipeline's."""
         writes = BatchWrites(extra_ops)
         sets, deleted = writes.arguments("set"), writes.arguments("del")
+        # Per batch, not per row: the row keys' prefix, and each index's key and the lists
+        # its writes go to (an insert's entries are appended straight to its ZADD).
+        prefix = row_key(self.view.name, generation, "")
+        indexes = [(field, self.fields[field].python_type, writes.arguments(
+            "zadd", self._index_key(generation, field))) for field in self.view.indexes]
         for key, row in upserts.items():
-            sets += (row_key(self.view.name, generation, key), encode_row(row).decode())
+            sets += (prefix + key, encode_row(row).decode())
             stored = old_rows.get(key)
+            if stored is None:  # an insert: nothing to take out of the indexes
+                for field, python_type, zadd in indexes:
+                    entry = index_entry(python_type, row.get(field), key)
+                    if entry is not None:
+                        zadd += entry
+                continue
             changed = self._changed_indexed(stored, row)
             if not changed:
                 continue
@@ -140,7 +157,7 @@ class RedisSink:
             for index, score, member in new - old:
                 writes.arguments("zadd", index).extend((score, member))
         for key in deletes:
-            deleted.append(row_key(self.view.name, generation, key))
+            deleted.append(prefix + key)
             for index, _, member in self._index_entries(old_rows.get(key), key, generation):
                 writes.arguments("zrem", index).append(member)
         args = apply_batch_args(batch_id, generation, meta, writes, outbox)

@@ -15,6 +15,12 @@ from confluent_kafka import KafkaException, Producer
 def split_keyless(rows: Sequence[Mapping[str, Any]], key: Sequence[str]
                   ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """(rows with every key column set, rows missing one)."""
+    if len(key) == 1:  # most views: no generator per row (every row of every batch)
+        column = key[0]
+        keyed = [row for row in rows if row.get(column) is not None]
+        if len(keyed) == len(rows):
+            return keyed, []
+        return keyed, [row for row in rows if row.get(column) is None]
     keyed, keyless = [], []
     for row in rows:
         (keyless if any(row.get(c) is None for c in key) else keyed).append(row)
