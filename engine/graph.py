@@ -53,6 +53,7 @@ from engine.aggregates import (
 from engine.analysis import dependency_order
 from engine.analyzer import analysed, struct_of
 from engine.batch_offsets import read_batch_offsets, records_between
+from engine.batch_records import SourceRecords, take_rows, take_table
 from engine.collector import keep_collector_out_of_batches
 from engine.commit import IN_FLIGHT, Pending, ViewCommitter, offsets_fields
 from engine.current_rows import DeltaRows, RedisRows
@@ -85,7 +86,6 @@ from engine.sources import (
     CORRUPT,
     classify_sources,
     read_kafka,
-    record_key,
     source_columns,
     value_column,
 )
@@ -96,7 +96,7 @@ from engine.stream_aggregates import (
     StreamAggregate,
     StreamBatch,
 )
-from engine.task_read import EVENT, TaskRead, TopicLayout
+from engine.task_read import TaskRead, TopicLayout
 from engine.threads import started_threads
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
@@ -156,22 +156,11 @@ def graph_checkpoint(settings: Settings, generation: int) -> str:
 
 
 @dataclass
-class _Records:
-    """One source's records in a batch: the last per key (None: tombstoned), the bad, and
-    (for the stream aggregates that read it) every good one that is not a tombstone and
-    that no task folded."""
-
-    latest: dict[str, dict[str, Any] | None]
-    bad: list[dict[str, Any]]
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
 class _Read:
     """A batch's records per source, and what Spark's tasks folded of each stream
     aggregate's events (engine.task_read), with the largest event time they started from."""
 
-    records: dict[str, _Records]
+    records: dict[str, SourceRecords]
     partials: dict[str, list[Partial]] = field(default_factory=dict)
     seen: dict[str, Seen] = field(default_factory=dict)
 
@@ -488,35 +477,25 @@ class GraphBatch:
         """The batch's records per source: `fetched` by the driver (engine.driver_fetch),
         or in one Spark job, folded by its tasks (engine.task_read) or all of them
         collected. `seen`: the stream aggregates' meta before the batch."""
-        records = {s.name: _Records({}, []) for s in self.sources}
+        records = {s.name: SourceRecords({}, []) for s in self.sources}
         if self._layout is None:  # the query's schema: one py4j call, once
             self._layout = self._value_layout(batch)
+        by_topic = {topic: (records[layout.source], layout, stream)
+                    for topic, (layout, stream) in self._layout.items()}
         partials: dict[str, list[Partial]] = {}
         if fetched is not None:
-            rows = fetched
+            take_rows(fetched, by_topic)
         elif by_tasks and self.task_read is not None:
             folded = self.task_read.fold(batch, {t: layout for t, (layout, _) in
                                                  self._layout.items()},
                                          {n: s.max_event_time for n, s in seen.items()})
-            rows, partials = folded.records, folded.partials
+            take_rows(folded.records, by_topic, by_tasks=True)
+            partials = folded.partials
         else:
-            rows = rows_of(batch)
-        by_topic = {topic: (records[layout.source], layout, stream)
-                    for topic, (layout, stream) in self._layout.items()}
-        for row in rows:
-            into, layout, stream = by_topic[row["_topic"]]
-            # A task hands the driver its events only when it could not fold them.
-            handed = by_tasks and row.pop(EVENT)
-            if row["_error"] is not None:
-                into.bad.append(row)
-            elif row["_tombstone"]:
-                into.latest[row["_kafka_key"]] = None
-            else:
-                event = layout.event(row[layout.column])
-                # A key lives in one partition, in order: the last record wins.
-                into.latest[record_key(row["_kafka_key"], event, layout.key)] = event
-                if stream and (handed or not by_tasks):
-                    into.events.append(event)
+            try:
+                take_table(batch.toArrow(), by_topic)
+            except UnicodeDecodeError:  # a Kafka key of raw bytes: Spark's rows decode it
+                take_rows(rows_of(batch, 0), by_topic)
         return _Read(records, partials, dict(seen))
 
     def _value_layout(self, batch: DataFrame) -> dict[str, tuple[TopicLayout, bool]]:

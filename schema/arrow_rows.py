@@ -34,6 +34,15 @@ def arrow_rows(table: pa.Table) -> list[dict[str, Any]]:
     return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
+def column_rows(column: pa.ChunkedArray) -> list[Any]:
+    """One column's values as arrow_rows gives them in its rows."""
+    if column.null_count == len(column):
+        return [None] * len(column)
+    if not _has_utc_times(column.type):
+        return column.to_pylist()
+    return _column_values(column)
+
+
 def _has_utc_times(kind: pa.DataType) -> bool:
     if _fast_times(kind):
         return True
