@@ -86,9 +86,7 @@ class RedisSink:
             return self.view.indexes
         changed: tuple[str, ...] = ()
         for field in self.view.indexes:  # a loop, not a generator: asked for every update
-            stored, value = old.get(field), row.get(field)
-            if not (type(stored) is type(value) and stored == value) \
-                    and not _same_value(stored, value):
+            if not _same_value(old.get(field), row.get(field)):
                 changed += (field,)
         return changed
 

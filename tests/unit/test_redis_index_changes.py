@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import datetime
 
+import orjson
+import redis
+
 from engine.sinks.redis_sink import RedisSink
 from schema import demo
 from schema.catalog import graphql_fields
@@ -43,9 +46,6 @@ def test_a_new_row_gets_every_index():
 
 def queued_writes(upserts: dict, deletes: set, old_rows: dict) -> dict:
     """The writes one apply queues (APPLY_BATCH_LUA's ARGV[4]), by (command, key)."""
-    import orjson
-    import redis
-
     pipe = redis.Redis(port=1).pipeline(transaction=False)  # queued, never sent
     sink().apply(7, 3, upserts, deletes, {}, old_rows, client=pipe)
     (args, _), = pipe.command_stack
