@@ -52,14 +52,9 @@ def take_rows(rows: Iterable[Row], by_topic: ByTopic, by_tasks: bool = False) ->
         handed = by_tasks and row.pop(EVENT)
         if row["_error"] is not None:
             into.bad.append(row)
-        elif row["_tombstone"]:
-            into.latest[row["_kafka_key"]] = None
         else:
-            event = layout.event(row[layout.column])
-            # A key lives in one partition, in order: the last record wins.
-            into.latest[record_key(row["_kafka_key"], event, layout.key)] = event
-            if stream and (handed or not by_tasks):
-                into.events.append(event)
+            _take_good(into, layout, stream and (handed or not by_tasks), row["_kafka_key"],
+                       row["_tombstone"], row[layout.column])
 
 
 def take_table(table: pa.Table, by_topic: ByTopic) -> None:
@@ -81,12 +76,21 @@ def take_table(table: pa.Table, by_topic: ByTopic) -> None:
         for at, (key, bad, tombstone, value) in enumerate(columns):
             if bad:
                 bad_at.append(at)
-            elif tombstone:
-                into.latest[key] = None
             else:
-                event = layout.event(value)
-                into.latest[record_key(key, event, layout.key)] = event
-                if stream:
-                    into.events.append(event)
+                _take_good(into, layout, stream, key, tombstone, value)
         if bad_at:
             into.bad.extend(arrow_rows(mine.take(pa.array(bad_at, pa.int64()))))
+
+
+def _take_good(into: SourceRecords, layout: TopicLayout, keep_event: bool, kafka_key: str | None,
+               tombstone: bool, value: Row | None) -> None:
+    """One good record: a tombstone deletes its key, else its event becomes the key's row
+    (a key lives in one partition, in order: the last record wins) and, with `keep_event`,
+    one of the events the stream aggregates read."""
+    if tombstone:
+        into.latest[kafka_key] = None
+        return
+    event = layout.event(value)
+    into.latest[record_key(kafka_key, event, layout.key)] = event
+    if keep_event:
+        into.events.append(event)

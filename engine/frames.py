@@ -66,14 +66,14 @@ def rows_of(frame: DataFrame, rows_in: int | None = None) -> list[Row]:
     that is not UTF-8 (a Kafka key of raw bytes) cannot become a Python str through Arrow;
     such a batch is collected again as Spark's rows, which decode it leniently."""
     if rows_in is not None and rows_in < COLLECT_BELOW:
-        return _collected(frame)
+        return spark_rows(frame)
     try:
         return arrow_rows(frame.toArrow())
     except UnicodeDecodeError:
-        return _collected(frame)
+        return spark_rows(frame)
 
 
-def _collected(frame: DataFrame) -> list[Row]:
+def spark_rows(frame: DataFrame) -> list[Row]:
     """The frame's rows collected as Spark's rows, with times in UTC as Arrow gives them
     (PySpark hands a TIMESTAMP over naive, in the process's time zone: UTC here)."""
     zoned = [f.name for f in frame.schema.fields if isinstance(f.dataType, TimestampType)]

@@ -62,7 +62,7 @@ from engine.dimensions import Dimensions
 from engine.driver_fetch import DriverFetch
 from engine.errors import GraphChanged
 from engine.failpoints import failpoint
-from engine.frames import frame_of, rows_of
+from engine.frames import frame_of, rows_of, spark_rows
 from engine.incremental import (
     Change,
     Evaluate,
@@ -495,7 +495,7 @@ class GraphBatch:
             try:
                 take_table(batch.toArrow(), by_topic)
             except UnicodeDecodeError:  # a Kafka key of raw bytes: Spark's rows decode it
-                take_rows(rows_of(batch, 0), by_topic)
+                take_rows(spark_rows(batch), by_topic)
         return _Read(records, partials, dict(seen))
 
     def _value_layout(self, batch: DataFrame) -> dict[str, tuple[TopicLayout, bool]]:
