@@ -279,9 +279,12 @@ class ViewCommitter:
                                  "timings": {"feed_ms": feed_ms}})
         return wait
 
-    def to_delta(self, pending: Pending) -> None:
+    def to_delta(self, pending: Pending, ready: Callable[[], Any] = lambda: None) -> None:
         """MERGE the batch into the view's Delta table (idempotent on the batch id); the
-        view's commit is no longer in flight once it is done."""
+        view's commit is no longer in flight once it is done. `ready`: called before the
+        MERGE commits (DeltaSink.merge), so the graph can write the MERGE's files while
+        Redis applies the batch and commit it only once Redis holds it; what it raises
+        (a cancelled gate: nothing to commit) comes out of here."""
         metadata = {
             "view": self.view.name,
             "batch_id": pending.batch_id,
@@ -291,19 +294,21 @@ class ViewCommitter:
         }
         try:
             previous = {e.key: e.before for e in pending.events if e.before is not None}
-            self._merge(pending.batch_id, pending.rows, pending.deleted, metadata, previous)
+            self._merge(pending.batch_id, pending.rows, pending.deleted, metadata, previous,
+                        ready)
         finally:
             IN_FLIGHT.pop(self.view.name, None)
 
     def _merge(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
                deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any],
-               previous: Mapping[str, Mapping[str, Any]]) -> None:
+               previous: Mapping[str, Mapping[str, Any]],
+               ready: Callable[[], Any] = lambda: None) -> None:
         started = time.perf_counter()
         waited = self.background.wait()  # never a MERGE and maintenance on the table at once
         if waited:
             MAINTENANCE_WAIT_SECONDS.labels(self.view.name).observe(waited)
         merged = self.delta.merge(batch_id, rows, deleted, self.delete_on, metadata=metadata,
-                                  previous=previous)
+                                  previous=previous, ready=ready)
         failpoint("after_delta", self.view.name)
         if merged and self.maintenance.due():  # a replayed batch leaves the table alone
             self.background.start(lambda: self._maintain(batch_id))

@@ -15,7 +15,9 @@ One Kafka read covers every topic those views stream. Each batch:
 3. applies every view to Redis in one round trip, between the graph's `applying` and
    `version` marks (schema.storage.graph_key), so Redis never shows a reader two versions
    of the graph for longer than that round trip, and a reader can tell;
-4. publishes each view's change events, and MERGEs each into Delta.
+4. publishes each view's change events, and commits each view's MERGE into Delta, only
+   once Redis holds the batch (a large batch's MERGEs write their files while Redis
+   applies it).
 Every view is committed under the batch's one id, which is therefore one version across
 all of them: a reader that sees version N of one view can ask every other for N.
 
@@ -109,6 +111,7 @@ from schema.storage import (
     GRAPH_VERSION,
     META_LATE_EVENTS,
     META_WATERMARK,
+    REPLAYED,
     RETIRED,
     Op,
     delta_app_id,
@@ -255,6 +258,7 @@ class GraphBatch:
                           and all(s.in_driver is not None for s in self.streams.values())
                           else None)
         self.task_read_min_records = settings.engine_task_read_min_records
+        self.early_merge_changes = settings.engine_early_merge_changes
         # Small batches' records fetched by the driver itself, with no Spark job.
         self.driver_fetch = DriverFetch.for_settings(settings, self.sources)
         # The last batch's id and end offsets: where the next one's records start.
@@ -309,36 +313,24 @@ class GraphBatch:
                     self._compute, view, read, covers, batch_id, held, inputs)
             wait(computing.values())  # every view done, also when one failed
             pending = {name: f.result() for name, f in computing.items()}
-            lap = time.perf_counter()
-            if self._apply(batch_id, pending) == RETIRED:
-                return  # as above: the engine restarts the query on the new generation
-            self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
-            for name, prepared in pending.items():
-                observe_rows_changed(name, len(prepared.events))
-            for name, done in self.stream_batches.items():
-                observe_stream(name, done.late, done.meta.get(META_WATERMARK))
-            for view in self.views:
-                failpoint("after_redis", view.name)
-            # Delta's MERGEs run while the change feeds are published: both only need
-            # Redis to hold the batch. The batch waits for every MERGE, also when a
-            # delivery failed.
-            lap = time.perf_counter()
-            merges = [self.delta_threads.submit(self.committers[n].to_delta, p)
-                      for n, p in pending.items()]
+            # Each view's Delta MERGE commits once its gate opens: once Redis holds the
+            # view's batch as computed. A gate left closed (the batch failed before, or a
+            # rebuild retired it) commits nothing. The batch waits for every MERGE, also
+            # when a step failed.
+            gates: dict[str, Future[None]] = {name: Future() for name in pending}
+            merges: dict[str, Future[None]] = {}
+
+            def start_merges() -> None:
+                merges.update({n: self.delta_threads.submit(self.committers[n].to_delta, p,
+                                                            gates[n].result)
+                               for n, p in pending.items()})
             try:
-                # The views with the fewest changes first: a subscriber's gateway reads the
-                # feeds in the order they arrive, so one view's thousands of changes (Order,
-                # when a tier changes) no longer hold back a view of a few (CustomerStats).
-                by_size = sorted(pending.items(), key=lambda item: len(item[1].events))
-                sent = [self.committers[n].send(p) for n, p in by_size]
-                for delivered in sent:  # the feeds' deliveries overlap
-                    delivered()
-                self.timings["feed_ms"] = (time.perf_counter() - lap) * 1000
+                if not self._commit(batch_id, pending, gates, merges, start_merges):
+                    return  # as above: the engine restarts the query on the new generation
             finally:
-                wait(merges)
-            for merge in merges:
-                merge.result()  # a failed MERGE fails the batch, which Spark replays
-            self.timings["delta_ms"] = (time.perf_counter() - lap) * 1000
+                for gate in gates.values():
+                    gate.cancel()  # the gates not opened: nothing of theirs is committed
+                wait(merges.values())
         finally:
             for view in self.views:
                 IN_FLIGHT.pop(view.name, None)
@@ -352,6 +344,60 @@ class GraphBatch:
                       ", ".join(f"{k} {v:.0f}" for k, v in self.timings.items()),
                       extra={"view": GRAPH_TIMINGS, "batch_id": batch_id,
                              "timings": self.timings})
+
+    def _commit(self, batch_id: int, pending: Mapping[str, Pending],
+                gates: Mapping[str, Future[None]], merges: dict[str, Future[None]],
+                start_merges: Callable[[], None]) -> bool:
+        """Redis, then the change feeds, with Delta's MERGEs committed beside the feeds;
+        False if a rebuild retired the generation meanwhile.
+
+        A large batch's MERGEs start writing their files once its Redis apply is built
+        and sent: Redis then runs the writes for a few hundred milliseconds while the
+        driver's interpreter would wait. A small batch's start after Redis answered: its
+        apply takes a few milliseconds, and the MERGEs' Python (rows to Arrow, the key
+        lookup) would hold the interpreter when Redis answers, delaying the change feeds
+        (measured 2026-11-29: a live batch's round trip 6-7 -> 20-24 ms)."""
+        lap = time.perf_counter()
+        early = sum(len(p.events) for p in pending.values()) >= self.early_merge_changes
+        statuses = self._apply(batch_id, pending, start_merges if early else None)
+        if statuses is None:
+            return False
+        self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
+        for name, prepared in pending.items():
+            observe_rows_changed(name, len(prepared.events))
+        for name, done in self.stream_batches.items():
+            observe_stream(name, done.late, done.meta.get(META_WATERMARK))
+        for view in self.views:
+            failpoint("after_redis", view.name)
+        lap = time.perf_counter()
+        if not early:
+            start_merges()  # from what Redis holds (REPLAYED: the stored changes)
+        for name, gate in gates.items():
+            if early and statuses.get(name) == REPLAYED:
+                # Redis held the batch already (another writer's): its stored changes
+                # replaced the computed ones, and the MERGE starts again from them.
+                gate.cancel()
+                wait([merges[name]])  # its files written, nothing committed
+                merges[name] = self.delta_threads.submit(self.committers[name].to_delta,
+                                                         pending[name])
+            else:
+                gate.set_result(None)
+        try:
+            # The views with the fewest changes first: a subscriber's gateway reads the
+            # feeds in the order they arrive, so one view's thousands of changes (Order,
+            # when a tier changes) no longer hold back a view of a few (CustomerStats).
+            by_size = sorted(pending.items(), key=lambda item: len(item[1].events))
+            sent = [self.committers[n].send(p) for n, p in by_size]
+            for delivered in sent:  # the feeds' deliveries overlap
+                delivered()
+            self.timings["feed_ms"] = (time.perf_counter() - lap) * 1000
+        finally:
+            wait(merges.values())
+        for merge in merges.values():
+            merge.result()  # a failed MERGE fails the batch, which Spark replays
+        # Delta's time after Redis: what of the MERGEs the batch still waits for.
+        self.timings["delta_ms"] = (time.perf_counter() - lap) * 1000
+        return True
 
     def _held(self, batch_id: int) -> set[str] | None:
         """The views whose Redis holds `batch_id` already (a replay after a crash past
@@ -397,9 +443,13 @@ class GraphBatch:
         self.timings[f"{view.name}_compute_ms"] = (time.perf_counter() - started) * 1000
         return prepared
 
-    def _apply(self, batch_id: int, pending: Mapping[str, Pending]) -> int | None:
-        """Every view's Redis apply in one pipeline, between the graph's marks; RETIRED if
-        a rebuild retired the generation meanwhile."""
+    def _apply(self, batch_id: int, pending: Mapping[str, Pending],
+               while_redis_applies: Callable[[], None] | None = None
+               ) -> dict[str, int] | None:
+        """Every view's Redis apply in one pipeline, between the graph's marks: what each
+        view's apply said (schema.storage APPLIED, REPLAYED), views Redis held before left
+        out; None if a rebuild retired the generation meanwhile. `while_redis_applies` is
+        called once every apply is built, just before they are sent."""
         todo = [(name, p) for name, p in pending.items() if not p.applied]
         marker = graph_key(self.generation)
         # One pipeline: the mark, the applies, the mark. A cluster pipeline sends each master
@@ -411,6 +461,8 @@ class GraphBatch:
             self.committers[name].queue_apply(prepared, applies)
         landed = self.redis.pipeline(transaction=False) if apart else applies
         landed.hset(marker, GRAPH_VERSION, batch_id).hdel(marker, GRAPH_APPLYING)
+        if while_redis_applies is not None:
+            while_redis_applies()
         sent = time.perf_counter()
         if apart:
             applying.execute()
@@ -420,10 +472,10 @@ class GraphBatch:
             statuses = [int(s) for s in applies.execute()[1:-2]]
         self.timings["redis_ms"] = (time.perf_counter() - sent) * 1000
         if RETIRED in statuses:
-            return RETIRED
+            return None
         for (name, prepared), status in zip(todo, statuses, strict=True):
             self.committers[name].applied(prepared, status)
-        return None
+        return {name: status for (name, _), status in zip(todo, statuses, strict=True)}
 
     def _before(self, committer: ViewCommitter, keys: list[str]) -> Before:
         """What Redis holds of `keys`; Delta fills in rows Redis lost (a flush) and the

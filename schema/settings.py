@@ -111,6 +111,15 @@ class Settings(BaseSettings):
         "with a record Spark must classify (malformed JSON, a wrong type), are read by "
         "Spark. 0: every batch by Spark.",
     )
+    engine_early_merge_changes: int = Field(
+        5_000,
+        ge=0,
+        description="A graph batch of at least this many change events (over all its "
+        "views) starts its Delta MERGEs while Redis applies it, so their Python runs while "
+        "the driver would wait on Redis; smaller batches (live ones) start them once Redis "
+        "answered, so that the MERGEs do not delay the change feeds. Each MERGE commits "
+        "only once Redis holds the batch either way.",
+    )
     engine_metrics_port: int = Field(
         9464, description="Port of the engine's Prometheus /metrics; 0 turns it off."
     )

@@ -174,10 +174,14 @@ class DeltaSink:
         delete_on: Sequence[str],
         metadata: Mapping[str, Any],
         previous: Mapping[str, Mapping[str, Any]] | None = None,
+        ready: Callable[[], Any] = lambda: None,
     ) -> bool:
         """False when the table already holds this batch (a replay). `previous`: the rows
         the batch's keys had before it (key_of -> row in Redis's JSON form), for the change
-        data feed's pre-images; keys it lacks are read from the table.
+        data feed's pre-images; keys it lacks are read from the table. `ready()` is called
+        before the commit, as late as the writer allows (DeletionVectorMerge.merge: after
+        the files are written): it may block until the commit is due, or raise to commit
+        nothing.
 
         A batch that changes no row is recorded all the same, as a commit holding only its
         transaction: Redis records every batch id, and readers compare the two (a re-warm
@@ -208,8 +212,9 @@ class DeltaSink:
                 row = before.get(key)
                 return None if row is None else decode_row(encode_row(row), self.view)
 
-            self._vectors.merge(table, rows, deleted, header, previous_row)
+            self._vectors.merge(table, rows, deleted, header, previous_row, ready)
             return True
+        ready()  # delta-rs writes and commits in one call
         if not rows and not deleted:
             table.create_write_transaction([], mode="append", schema=table.schema(),
                                            commit_properties=commit)

@@ -75,11 +75,14 @@ class DeletionVectorMerge:
 
     def merge(self, table: DeltaTable, rows: Sequence[Mapping[str, Any]],
               deleted: Sequence[Mapping[str, Any]], header: Sequence[Mapping[str, Any]],
-              previous: Callable[[str], Mapping[str, Any] | None] = lambda key: None) -> None:
+              previous: Callable[[str], Mapping[str, Any] | None] = lambda key: None,
+              ready: Callable[[], Any] = lambda: None) -> None:
         """Commit `rows` (upserts) and `deleted` (key columns) as the next version after
         `table`'s, with the `header` actions (commitInfo, txn) first. `previous(key)`: the
         row a key (key_of) had, for the change data feed's pre-images; a key it has none
-        for is read from its file."""
+        for is read from its file. `ready()` is called once the files are written, before
+        the log commit: it may block until the commit is due, or raise to commit nothing
+        (the files written are then deleted, and what it raised comes out of here)."""
         self._catch_up(table.version())
         config = table.metadata().configuration
         schema = plain_schema(table)
@@ -94,9 +97,11 @@ class DeletionVectorMerge:
 
         now = int(time.time() * 1000)
         actions: list[dict[str, Any]] = [dict(a) for a in header]
+        written: list[str] = []  # the files this commit adds, relative to the root
         new_file = None
         if upserts.num_rows:
             new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            written.append(new_file)
             actions.append({"add": {**self._write(new_file, upserts), "modificationTime": now,
                                     "dataChange": True, "stats": _stats(upserts)}})
         # Only with updates or deletes: readers take an insert-only commit's adds as inserts.
@@ -104,10 +109,16 @@ class DeletionVectorMerge:
             changes = self._changes(schema, upserts, upsert_keys, gone, gone_keys, live,
                                     previous)
             name = f"_change_data/cdc-{uuid.uuid4()}.c000.snappy.parquet"
+            written.append(name)
             actions.append({"cdc": {**self._write(name, changes), "dataChange": False}})
         vectors = {path: self._deleted(path) | rows for path, rows in marked.items()}
-        actions += self._mark(vectors)
+        actions += self._mark(vectors, written)
         version = self.files.version + 1
+        try:
+            ready()
+        except BaseException:
+            self._delete(written)  # no commit: its files would be nobody's
+            raise
         commit(self.root, version, actions)
 
         self.files.apply(actions)
@@ -137,10 +148,11 @@ class DeletionVectorMerge:
                     live[key] = (path, position)
         return marked, live
 
-    def _mark(self, vectors: Mapping[str, BitMap]) -> list[dict[str, Any]]:
+    def _mark(self, vectors: Mapping[str, BitMap], written: list[str]
+              ) -> list[dict[str, Any]]:
         """The actions that give each file its new deletion vector: the file removed with
         its old vector, added again with the new one, all new vectors in one vector file
-        (engine.sinks.deletion_vectors)."""
+        (engine.sinks.deletion_vectors), whose name is added to `written`."""
         if not vectors:
             return []
         file_id = uuid.uuid4()
@@ -148,6 +160,7 @@ class DeletionVectorMerge:
         fs, path = filesystem(f"{self.root}/{dv.file_name(file_id)}")
         with fs.open_output_stream(path) as out:
             out.write(data)
+        written.append(dv.file_name(file_id))
         actions: list[dict[str, Any]] = []
         for (path, rows), (offset, size) in zip(vectors.items(), places, strict=True):
             old = self.files.files[path]
@@ -165,6 +178,11 @@ class DeletionVectorMerge:
                                     "deletionVector": dv.in_file(file_id, offset, size,
                                                                  len(rows))}})
         return actions
+
+    def _delete(self, names: Sequence[str]) -> None:
+        for name in names:
+            fs, path = filesystem(f"{self.root}/{name}")
+            fs.delete_file(path)
 
     def _write(self, name: str, data: pa.Table) -> dict[str, Any]:
         """Write a Parquet file into the table's folder: the add (or cdc) action's fields."""

@@ -61,8 +61,9 @@ class EngineProcess:
         self.process: subprocess.Popen | None = None
         self.runs = 0
 
-    def start(self, failpoint: str | None = None) -> None:
-        env = dict(self.env)
+    def start(self, failpoint: str | None = None, **env: str) -> None:
+        """`env`: settings of this run only, on top of the process's."""
+        env = {**self.env, **env}
         env.pop("VIEWGATE_FAILPOINT", None)
         if failpoint:
             env["VIEWGATE_FAILPOINT"] = failpoint

@@ -9,7 +9,6 @@ would call it, over the same Kafka records."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,6 +22,7 @@ from engine.graph import GraphBatch, graph_sources
 from engine.metrics import rows_changed_total
 from engine.rebuild import log_range
 from engine.runner import prepare
+from engine.sinks.deletion_vectors import descriptor_file
 from engine.sources import classify_sources
 from schema.arrow_rows import arrow_rows
 from schema.catalog import View
@@ -62,25 +62,36 @@ def _records(spark, settings, catalog, since: dict[str, dict[str, int]]):
 
 def _died_mid_apply(held):
     """GraphBatch._apply as it goes when the engine dies after Redis took the views
-    `held`'s applies of the batch, and before it took the others'."""
-    def died_mid_apply(self, batch_id, pending):
+    `held`'s applies of the batch, and before it took the others' (a large batch's Delta
+    MERGEs already writing their files)."""
+    def died_mid_apply(self, batch_id, pending, while_redis_applies=None):
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(graph_key(self.generation), GRAPH_APPLYING, batch_id)
         for name in held:
             self.committers[name].queue_apply(pending[name], pipe)
+        if while_redis_applies is not None:
+            while_redis_applies()
         pipe.execute()
         raise RuntimeError("the engine died in the middle of its Redis round trip")
     return died_mid_apply
 
 
 def _unlogged_files(path: str) -> list[str]:
-    """The table's data and change-data files that no commit of its log names: what a MERGE
-    cut short before its commit would leave behind."""
+    """The table's data, change-data and deletion-vector files that no commit of its log
+    names: what a MERGE cut short before its commit (its batch failed while it wrote them)
+    would leave behind."""
     logged = set()
     for entry in Path(path, "_delta_log").glob("*.json"):
-        logged |= set(re.findall(r'"path":"([^"]+)"', entry.read_text()))
-    files = {str(f.relative_to(path)) for f in Path(path).rglob("*.parquet")
-             if "_delta_log" not in f.parts}
+        for line in entry.read_text().splitlines():
+            for kind, action in json.loads(line).items():
+                if kind in ("add", "remove", "cdc"):
+                    logged.add(action["path"])
+                    vector = action.get("deletionVector")
+                    if vector and vector["storageType"] == "u":
+                        logged.add(descriptor_file(vector))
+    files = {str(f.relative_to(path)) for f in Path(path).rglob("*")
+             if f.is_file() and "_delta_log" not in f.parts
+             and f.suffix in (".parquet", ".bin")}
     return sorted(files - logged)
 
 
@@ -129,9 +140,11 @@ def _batch_updates(settings, view: View, batch_id: int) -> list[tuple[dict, dict
 def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
         spark, settings, tmp_path, monkeypatch, task_read):
     """Also with the batch's records folded by Spark's tasks (engine.task_read): the
-    replay recomputes ProductSales from what the tasks folded of the same records."""
+    replay recomputes ProductSales from what the tasks folded of the same records. The
+    MERGEs start while Redis applies (as a large batch's do), so the death calls off
+    MERGEs that were writing their files: they leave none."""
     settings = isolated(settings, tmp_path, redis_db=24).model_copy(
-        update={"engine_task_read": task_read})
+        update={"engine_task_read": task_read, "engine_early_merge_changes": 0})
     client = redis.Redis.from_url(settings.redis_url)
     client.flushdb()
     prefix = f"{PREFIX}{'tasks' if task_read else ''}"  # topics of its own
@@ -188,17 +201,20 @@ def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
     client.close()
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["merges-after-redis", "merges-early"])
 def test_a_view_whose_apply_finds_its_batch_in_redis_merges_the_stored_changes(
-        spark, settings, tmp_path, monkeypatch):
+        spark, settings, tmp_path, monkeypatch, early):
     """Redis may hold a batch that the graph did not find held when the batch began (a
     writer of the same generation applied it meanwhile). Such a view's apply says
     REPLAYED, and its stored change events replace the computed ones, also in its Delta
-    MERGE. The views here are ones no other view reads, so only their Delta tables can
-    tell."""
-    settings = isolated(settings, tmp_path, redis_db=28)
+    MERGE: a MERGE started while Redis applied (a large batch's) is called off and started
+    again from the stored ones. The views here are ones no other view reads, so only their
+    Delta tables can tell."""
+    settings = isolated(settings, tmp_path, redis_db=28).model_copy(
+        update={"engine_early_merge_changes": 0 if early else 10**9})
     client = redis.Redis.from_url(settings.redis_url)
     client.flushdb()
-    prefix = f"{PREFIX}replayed"
+    prefix = f"{PREFIX}replayed{'early' if early else ''}"
     catalog = catalog_on(prefix)
     generations, schemas = prepare(spark, settings, catalog)
     customers, orders = in_time_events(prefix, 400)

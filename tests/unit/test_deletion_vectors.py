@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import struct
 import uuid
 import zlib
@@ -353,3 +354,52 @@ def test_a_read_by_values_applies_vectors_and_quotes_its_values(tmp_path):
     assert values_filter("n", pa.int64(), [3, None]) == '"n" IN (3) OR "n" IS NULL'
     assert values_filter("n", pa.int64(), ["3"]) is None  # text against a number: read all
     assert values_filter("t", pa.timestamp("us"), ["2026-01-01T00:00:00Z"]) is None
+
+
+def _files(path: str) -> set[str]:
+    """Every file of the table but its log."""
+    return {str(p.relative_to(path)) for p in Path(path).rglob("*")
+            if p.is_file() and "_delta_log" not in p.parts}
+
+
+def test_a_merge_writes_its_files_before_ready_and_commits_only_after_it(tmp_path):
+    """The graph writes a MERGE's files while Redis applies the batch and commits it once
+    Redis holds it (engine.graph); a MERGE whose `ready` raises commits and leaves
+    nothing, and the batch replayed later commits as if it had never been tried."""
+    path = str(tmp_path / "Customer")
+    _table(path)
+    sink = DeltaSink(path, VIEW, delta_app_id(VIEW.name, 0))
+    assert sink.merge(1, [_row(n, "gold") for n in range(10)], [], VIEW.key,
+                      metadata={"batch_id": 1})
+    version, files = DeltaTable(path).version(), _files(path)
+    seen: list[tuple[int, set[str]]] = []
+
+    class Closed(Exception):
+        pass
+
+    def refuse() -> None:
+        seen.append((DeltaTable(path).version(), _files(path)))
+        raise Closed
+
+    # An update, a delete and an insert: a data file, a change-data file and a vector file.
+    batch = ([_row(1, "silver"), _row(20, "gold")], [{"customer_id": _row(2, "")["customer_id"]}])
+    with pytest.raises(Closed):
+        sink.merge(2, *batch, VIEW.key, metadata={"batch_id": 2}, ready=refuse)
+    (seen_version, seen_files), = seen
+    assert seen_version == version  # nothing committed when `ready` is called ...
+    written = sorted(seen_files - files)  # ... though its three files are written
+    assert [re.sub(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", "U", f) for f in written] == [
+        "_change_data/cdc-U.c000.snappy.parquet", "deletion_vector_U.bin",
+        "part-00000-U-c000.snappy.parquet"]
+    assert DeltaTable(path).version() == version  # ... nor after it refused
+    assert _files(path) == files  # and its files are gone
+    assert DeltaTable(path).transaction_version(delta_app_id(VIEW.name, 0)) == 1
+
+    opened: list[int] = []
+    assert sink.merge(2, *batch, VIEW.key, metadata={"batch_id": 2},
+                      ready=lambda: opened.append(DeltaTable(path).version()))
+    assert opened == [version]
+    assert DeltaTable(path).version() == version + 1
+    expected = {_row(n, "")["customer_id"]: "gold" for n in range(10) if n != 2}
+    expected |= {"C000001": "silver", "C000020": "gold"}
+    assert _contents(path) == expected
