@@ -69,10 +69,21 @@ def test_a_large_batch_lands_whole_with_moves_and_replacements(client):
     assert ViewMeta.from_fields(client.hgetall(meta_key("V"))).version == 1
 
 
-def test_a_malformed_write_is_refused_before_anything_is_written(client):
+@pytest.mark.parametrize("bad", [
+    ["zadd", INDEX, ["not a score", "k"]],
+    ["zadd", INDEX, [1, "k", 2, 3]],  # a member that is not text
+    ["zadd", INDEX, [1, "k", 2]],  # a score without its member
+    ["set", "", ["k2", 5]],  # a value that is not text
+    ["set", "", ["k2"]],  # a key without its value
+    ["del", "", [None]],
+    ["hset", 7, ["f", "v"]],  # a key that is not text
+    ["rename", "", ["a", "b"]],  # not a write the apply makes
+], ids=["score", "member", "member-missing", "value", "value-missing", "null", "key",
+        "command"])
+def test_a_malformed_write_is_refused_before_anything_is_written(client, bad):
     args = apply_batch_args(0, 0, {}, [op_set(row_key("V", 0, "k"), "r")])
     writes = orjson.loads(args[3])
-    writes.append(["zadd", INDEX, ["not a score", "k"]])
+    writes.append(bad)
     args[3] = orjson.dumps(writes)
     script = client.register_script(APPLY_BATCH_LUA)
     with pytest.raises(redis.ResponseError, match="bad write #2"):
