@@ -313,24 +313,8 @@ class GraphBatch:
                     self._compute, view, read, covers, batch_id, held, inputs)
             wait(computing.values())  # every view done, also when one failed
             pending = {name: f.result() for name, f in computing.items()}
-            # Each view's Delta MERGE commits once its gate opens: once Redis holds the
-            # view's batch as computed. A gate left closed (the batch failed before, or a
-            # rebuild retired it) commits nothing. The batch waits for every MERGE, also
-            # when a step failed.
-            gates: dict[str, Future[None]] = {name: Future() for name in pending}
-            merges: dict[str, Future[None]] = {}
-
-            def start_merges() -> None:
-                merges.update({n: self.delta_threads.submit(self.committers[n].to_delta, p,
-                                                            gates[n].result)
-                               for n, p in pending.items()})
-            try:
-                if not self._commit(batch_id, pending, gates, merges, start_merges):
-                    return  # as above: the engine restarts the query on the new generation
-            finally:
-                for gate in gates.values():
-                    gate.cancel()  # the gates not opened: nothing of theirs is committed
-                wait(merges.values())
+            if not self._commit(batch_id, pending):
+                return  # as above: the engine restarts the query on the new generation
         finally:
             for view in self.views:
                 IN_FLIGHT.pop(view.name, None)
@@ -345,44 +329,52 @@ class GraphBatch:
                       extra={"view": GRAPH_TIMINGS, "batch_id": batch_id,
                              "timings": self.timings})
 
-    def _commit(self, batch_id: int, pending: Mapping[str, Pending],
-                gates: Mapping[str, Future[None]], merges: dict[str, Future[None]],
-                start_merges: Callable[[], None]) -> bool:
+    def _commit(self, batch_id: int, pending: Mapping[str, Pending]) -> bool:
         """Redis, then the change feeds, with Delta's MERGEs committed beside the feeds;
         False if a rebuild retired the generation meanwhile.
 
-        A large batch's MERGEs start writing their files once its Redis apply is built
-        and sent: Redis then runs the writes for a few hundred milliseconds while the
-        driver's interpreter would wait. A small batch's start after Redis answered: its
-        apply takes a few milliseconds, and the MERGEs' Python (rows to Arrow, the key
-        lookup) would hold the interpreter when Redis answers, delaying the change feeds
-        (measured 2026-11-29: a live batch's round trip 6-7 -> 20-24 ms)."""
-        lap = time.perf_counter()
-        early = sum(len(p.events) for p in pending.values()) >= self.early_merge_changes
-        statuses = self._apply(batch_id, pending, start_merges if early else None)
-        if statuses is None:
-            return False
-        self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
-        for name, prepared in pending.items():
-            observe_rows_changed(name, len(prepared.events))
-        for name, done in self.stream_batches.items():
-            observe_stream(name, done.late, done.meta.get(META_WATERMARK))
-        for view in self.views:
-            failpoint("after_redis", view.name)
-        lap = time.perf_counter()
-        if not early:
-            start_merges()  # from what Redis holds (REPLAYED: the stored changes)
-        for name, gate in gates.items():
-            if early and statuses.get(name) == REPLAYED:
-                # Redis held the batch already (another writer's): its stored changes
-                # replaced the computed ones, and the MERGE starts again from them.
-                gate.cancel()
-                wait([merges[name]])  # its files written, nothing committed
-                merges[name] = self.delta_threads.submit(self.committers[name].to_delta,
-                                                         pending[name])
-            else:
-                gate.set_result(None)
+        Each view's MERGE commits once its gate opens: once Redis holds the view's batch as
+        computed. A gate left closed (the batch failed before, or a rebuild retired it)
+        commits nothing. A large batch's MERGEs start writing their files once its Redis
+        apply is built, as it is sent: Redis then runs the writes for a few hundred
+        milliseconds while the driver's interpreter would wait. A small batch's start after
+        Redis answered: its apply takes a few milliseconds, and the MERGEs' Python (rows to
+        Arrow, the key lookup) would hold the interpreter when Redis answers, delaying the
+        change feeds (measured 2026-11-29: a live batch's round trip 6-7 -> 20-24 ms). The
+        batch waits for every MERGE, also when a step failed."""
+        gates: dict[str, Future[None]] = {name: Future() for name in pending}
+        merges: dict[str, Future[None]] = {}
+
+        def start_merges() -> None:
+            merges.update({n: self.delta_threads.submit(self.committers[n].to_delta, p,
+                                                        gates[n].result)
+                           for n, p in pending.items()})
         try:
+            lap = time.perf_counter()
+            early = sum(len(p.events) for p in pending.values()) >= self.early_merge_changes
+            statuses = self._apply(batch_id, pending, start_merges if early else None)
+            if statuses is None:
+                return False
+            self.timings["apply_ms"] = (time.perf_counter() - lap) * 1000
+            for name, prepared in pending.items():
+                observe_rows_changed(name, len(prepared.events))
+            for name, done in self.stream_batches.items():
+                observe_stream(name, done.late, done.meta.get(META_WATERMARK))
+            for view in self.views:
+                failpoint("after_redis", view.name)
+            lap = time.perf_counter()
+            if not early:
+                start_merges()  # from what Redis holds (REPLAYED: the stored changes)
+            for name, gate in gates.items():
+                if early and statuses.get(name) == REPLAYED:
+                    # Redis held the batch already (another writer's): its stored changes
+                    # replaced the computed ones, and the MERGE starts again from them.
+                    gate.cancel()
+                    wait([merges[name]])  # its files written, nothing committed
+                    merges[name] = self.delta_threads.submit(self.committers[name].to_delta,
+                                                             pending[name])
+                else:
+                    gate.set_result(None)
             # The views with the fewest changes first: a subscriber's gateway reads the
             # feeds in the order they arrive, so one view's thousands of changes (Order,
             # when a tier changes) no longer hold back a view of a few (CustomerStats).
@@ -391,13 +383,16 @@ class GraphBatch:
             for delivered in sent:  # the feeds' deliveries overlap
                 delivered()
             self.timings["feed_ms"] = (time.perf_counter() - lap) * 1000
-        finally:
             wait(merges.values())
-        for merge in merges.values():
-            merge.result()  # a failed MERGE fails the batch, which Spark replays
-        # Delta's time after Redis: what of the MERGEs the batch still waits for.
-        self.timings["delta_ms"] = (time.perf_counter() - lap) * 1000
-        return True
+            for merge in merges.values():
+                merge.result()  # a failed MERGE fails the batch, which Spark replays
+            # Delta's time after Redis: what of the MERGEs the batch still waits for.
+            self.timings["delta_ms"] = (time.perf_counter() - lap) * 1000
+            return True
+        finally:
+            for gate in gates.values():
+                gate.cancel()  # the gates not opened: nothing of theirs is committed
+            wait(merges.values())
 
     def _held(self, batch_id: int) -> set[str] | None:
         """The views whose Redis holds `batch_id` already (a replay after a crash past
