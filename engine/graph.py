@@ -83,6 +83,7 @@ from engine.metrics import (
     observe_stream,
 )
 from engine.projected_join import ProjectedJoin
+from engine.read_ahead import ReadAhead
 from engine.sinks.redis_sink import Before
 from engine.sources import (
     CORRUPT,
@@ -259,8 +260,11 @@ class GraphBatch:
                           else None)
         self.task_read_min_records = settings.engine_task_read_min_records
         self.early_merge_changes = settings.engine_early_merge_changes
-        # Small batches' records fetched by the driver itself, with no Spark job.
-        self.driver_fetch = DriverFetch.for_settings(settings, self.sources)
+        # Batches' records fetched from Kafka with no Spark job: read ahead by a process of
+        # their own (engine.read_ahead), else by the driver itself when the batch comes.
+        self.driver_fetch: ReadAhead | DriverFetch | None = (
+            ReadAhead.for_settings(settings, self.sources)
+            or DriverFetch.for_settings(settings, self.sources))
         # The last batch's id and end offsets: where the next one's records start.
         self._ends: tuple[int, dict[str, dict[str, int]]] | None = None
         if self.task_read:
@@ -270,6 +274,12 @@ class GraphBatch:
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
                                      fence=f"{s.name}/graph{self.generation}")
             for s in self.sources} if dead_letters else {}
+
+    def close(self) -> None:
+        """Stop the batch's read ahead (engine.read_ahead): the batches still called read
+        by Spark."""
+        if self.driver_fetch is not None:
+            self.driver_fetch.close()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -708,8 +718,14 @@ def start_graph_query(
     claim_checkpoint(settings, catalog, generations)
     topics = ",".join(s.topic for s in sources)
     classified = classify_sources(read_kafka(spark, settings, topics, max_offsets), sources)
+    # The graph queries started before this one are stopped by now (the engine runs one
+    # at a time): their read-ahead processes end with them. One still running would have
+    # its batches read by Spark.
+    while _STARTED:
+        _STARTED.pop().close()
     step = GraphBatch(spark, settings, catalog, generations, schemas, checkpoint,
                       dead_letters=dead_letters)
+    _STARTED.append(step)
     register_query_views(name, [(v.name, generations[v.name]) for v in step.views])
     trigger = ({"availableNow": True} if available_now
                else {"processingTime": graph_trigger(catalog)})
@@ -719,6 +735,16 @@ def start_graph_query(
                  .option("checkpointLocation", checkpoint).trigger(**trigger).start())
     return query
 
+
+# The graph batches of the queries this process started.
+_STARTED: list[GraphBatch] = []
+
+
+def read_ahead_pids() -> list[int]:
+    """The read-ahead processes of the graph queries this process runs (their CPU is the
+    driver's in the bench's shares)."""
+    return [b.driver_fetch.pid for b in _STARTED
+            if isinstance(b.driver_fetch, ReadAhead) and b.driver_fetch.pid is not None]
 
 # The graph's views, recorded in its checkpoint when it is created.
 VIEWS_FILE = "viewgate-views.json"

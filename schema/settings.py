@@ -103,13 +103,21 @@ class Settings(BaseSettings):
         "about 110 ms a job whatever its size.",
     )
     engine_driver_fetch_max_records: int = Field(
-        5_000,
+        50_000,
         ge=0,
         description="A graph batch of at most this many Kafka records (counted from its "
-        "offsets) is fetched by the driver straight from Kafka, with no Spark job (a job "
-        "costs about 110 ms on two cores whatever its size); larger batches, and any batch "
-        "with a record Spark must classify (malformed JSON, a wrong type), are read by "
-        "Spark. 0: every batch by Spark.",
+        "offsets) is fetched straight from Kafka with no Spark job (a job costs about "
+        "110 ms on two cores whatever its size), read ahead by a process of its own "
+        "(engine_read_ahead) or by the driver; larger batches, and any batch with a record "
+        "Spark must classify (malformed JSON, a wrong type), are read by Spark. The read "
+        "ahead holds at most this many records. 0: every batch by Spark.",
+    )
+    engine_read_ahead: bool = Field(
+        True,
+        description="With the driver's fetch (engine_driver_fetch_max_records), a process of "
+        "the engine's own reads and classifies the next batch's records from Kafka while "
+        "the driver computes and commits the current one, so that a batch finds its records "
+        "read; off: the driver fetches each batch's records once Spark calls the batch.",
     )
     engine_early_merge_changes: int = Field(
         5_000,

@@ -1,6 +1,8 @@
 """The driver's read of a batch (engine.driver_fetch) gives the rows Spark's read gives, or
 hands the batch to Spark: every record below goes through both, over a real broker, and
-Spark's classification (engine.sources.classify_sources) is the reference."""
+Spark's classification (engine.sources.classify_sources) is the reference. The read ahead
+(engine.read_ahead: the same reading, in a process of its own, a batch ahead) gives the
+same answers: the tests run with both."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from engine.driver_fetch import DriverFetch
 from engine.frames import rows_of
+from engine.read_ahead import ReadAhead
 from engine.rebuild import log_range
 from engine.sources import classify_sources
 from schema.catalog import Source
@@ -84,6 +87,20 @@ OUTSIDE: dict[str, tuple[bytes | None, bytes]] = {
 }
 
 
+@pytest.fixture(params=["driver", "read_ahead"])
+def reader(request):
+    """Makes the batch reader under test: DriverFetch or ReadAhead (closed at the end)."""
+    made = []
+
+    def make(bootstrap: str, sources: list[Source], max_records: int):
+        kind = DriverFetch if request.param == "driver" else ReadAhead
+        made.append(kind(bootstrap, sources, max_records))
+        return made[-1]
+    yield make
+    for one in made:
+        one.close()
+
+
 def _source(topic: str) -> Source:
     return Source(name="things", topic=topic, schema=SCHEMA, key="id", event_time="ts",
                   max_record_bytes=300)
@@ -113,7 +130,7 @@ def _spark_rows(spark, settings, source: Source) -> list[dict]:
     return sorted(rows, key=lambda r: (r["_partition"], r["_offset"]))
 
 
-def test_the_driver_reads_what_spark_reads(spark, settings, unique):
+def test_the_driver_reads_what_spark_reads(spark, settings, unique, reader):
     topic = f"{unique}-inside"
     _topic(settings, topic, 2)
     _produce(settings, topic, INSIDE, partition=0)
@@ -121,7 +138,7 @@ def test_the_driver_reads_what_spark_reads(spark, settings, unique):
     # are Spark's to order).
     _produce(settings, topic, [r for r in INSIDE if r[0] is not None][:6], partition=1)
     source = _source(topic)
-    read = DriverFetch(settings.kafka_bootstrap, [source], max_records=100)
+    read = reader(settings.kafka_bootstrap, [source], max_records=100)
     ends = _ends(settings, topic)
     fetched = read.read({topic: {"0": 0, "1": 0}}, ends)
     assert fetched is not None
@@ -138,29 +155,27 @@ def test_the_driver_reads_what_spark_reads(spark, settings, unique):
     middle = read.read({topic: {"0": 3, "1": 2}}, {topic: {"0": 7, "1": 4}})
     assert [(r["_partition"], r["_offset"]) for r in middle] == [
         (0, 3), (0, 4), (0, 5), (0, 6), (1, 2), (1, 3)]
-    read.close()
 
 
-def test_records_outside_the_subset_go_to_spark(settings, unique):
+def test_records_outside_the_subset_go_to_spark(settings, unique, reader):
     topic = f"{unique}-outside"
     _topic(settings, topic, 1)
     cases = sorted(OUTSIDE)
     _produce(settings, topic, [INSIDE[0], *(OUTSIDE[case] for case in cases)])
-    read = DriverFetch(settings.kafka_bootstrap, [_source(topic)], max_records=100)
+    read = reader(settings.kafka_bootstrap, [_source(topic)], max_records=100)
     assert read.read({topic: {"0": 0}}, {topic: {"0": 1}}) is not None
     # Each record alone in a batch (at offsets 1, 2, ...): the batch is Spark's to read.
     fetched = [case for offset, case in enumerate(cases, start=1)
                if read.read({topic: {"0": offset}}, {topic: {"0": offset + 1}}) is not None]
     assert fetched == []
-    read.close()
 
 
-def test_batches_it_does_not_take(settings, unique):
+def test_batches_it_does_not_take(settings, unique, reader):
     topic = f"{unique}-sizes"
     _topic(settings, topic, 2)
     _produce(settings, topic, INSIDE[:4])
     _produce(settings, topic, [(None, _record(id='"z"', ts=TS))], partition=1)
-    read = DriverFetch(settings.kafka_bootstrap, [_source(topic)], max_records=3)
+    read = reader(settings.kafka_bootstrap, [_source(topic)], max_records=3)
     ends = _ends(settings, topic)
     assert read.read(None, ends) is None  # the first batch: where it starts is unknown
     assert read.read({topic: {"0": 0}}, ends) is None  # a partition new since the last
@@ -169,7 +184,6 @@ def test_batches_it_does_not_take(settings, unique):
     # A keyless record beside a second partition's records: their order is Spark's.
     assert read.read({topic: {"0": 2, "1": 0}}, ends) is None
     assert read.read({topic: {"0": 4, "1": 0}}, ends) is not None  # one partition's only
-    read.close()
 
 
 def test_a_column_type_it_does_not_read_leaves_every_batch_to_spark(settings, unique):
@@ -182,3 +196,68 @@ def test_a_column_type_it_does_not_read_leaves_every_batch_to_spark(settings, un
     legacy = settings.model_copy(update={"spark_conf": {
         "spark.sql.legacy.timeParserPolicy": "LEGACY"}})
     assert DriverFetch.for_settings(legacy, [_source(unique)]) is None
+
+
+def _orders(start: int, count: int) -> list[tuple[bytes, bytes]]:
+    return [(f"k{i}".encode(), _record(id=f'"k{i}"', n=str(i), ts=TS))
+            for i in range(start, start + count)]
+
+
+def test_batches_read_ahead_are_the_batches_records(settings, unique):
+    """Batch after batch, the read ahead answers what the driver's own fetch does: records
+    produced after it read on, a batch larger than what it reads ahead, a batch that does
+    not start where the last ended, one it must leave to Spark."""
+    topic = f"{unique}-ahead"
+    _topic(settings, topic, 2)
+    source = _source(topic)
+    ahead = ReadAhead(settings.kafka_bootstrap, [source], max_records=4)
+    fetch = DriverFetch(settings.kafka_bootstrap, [source], max_records=4)
+    try:
+        _produce(settings, topic, _orders(0, 3), partition=0)
+        _produce(settings, topic, _orders(3, 1), partition=1)
+        batches = [({"0": 0, "1": 0}, {"0": 3, "1": 1})]
+        _produce(settings, topic, _orders(4, 6), partition=0)  # after the read ahead began
+        _produce(settings, topic, _orders(10, 2), partition=1)
+        batches += [({"0": 3, "1": 1}, {"0": 5, "1": 3}),  # as the engine's batches follow
+                    ({"0": 5, "1": 3}, {"0": 9, "1": 3}),  # 4 records, all it reads ahead
+                    ({"0": 2, "1": 0}, {"0": 4, "1": 2}),  # not where the last one ended
+                    ({"0": 4, "1": 2}, {"0": 9, "1": 3}),  # 6 records > 4: Spark's
+                    ({"0": 9, "1": 3}, {"0": 9, "1": 3})]  # nothing new
+        for starts, ends in batches:
+            starts, ends = {topic: starts}, {topic: ends}
+            expected = fetch.read(starts, ends)
+            assert ahead.read(starts, ends) == expected
+        assert [len(fetch.read({topic: s}, {topic: e}) or []) for s, e in batches] == [
+            4, 4, 4, 4, 0, 0]
+        # A record Spark must classify sends its batch to Spark, and only that batch.
+        _produce(settings, topic, [OUTSIDE["NaN"], *_orders(20, 2)], partition=0)
+        assert ahead.read({topic: {"0": 9, "1": 3}}, {topic: {"0": 11, "1": 3}}) is None
+        assert ahead.read({topic: {"0": 11, "1": 3}}, {topic: {"0": 12, "1": 3}}) == \
+            fetch.read({topic: {"0": 11, "1": 3}}, {topic: {"0": 12, "1": 3}})
+    finally:
+        ahead.close()
+        fetch.close()
+
+
+def test_a_read_ahead_process_gone_leaves_batches_to_spark(settings, unique):
+    topic = f"{unique}-gone"
+    _topic(settings, topic, 1)
+    _produce(settings, topic, _orders(0, 2))
+    ahead = ReadAhead(settings.kafka_bootstrap, [_source(topic)], max_records=10)
+    assert len(ahead.read({topic: {"0": 0}}, {topic: {"0": 1}})) == 1
+    ahead._process.kill()
+    ahead._process.join(30)
+    assert ahead.read({topic: {"0": 1}}, {topic: {"0": 2}}) is None
+    ahead.close()
+    assert not ahead._process.is_alive()
+
+
+def test_a_read_ahead_process_ends_with_its_pipe(settings, unique):
+    topic = f"{unique}-ends"
+    _topic(settings, topic, 1)
+    _produce(settings, topic, _orders(0, 2))
+    ahead = ReadAhead(settings.kafka_bootstrap, [_source(topic)], max_records=10)
+    assert len(ahead.read({topic: {"0": 0}}, {topic: {"0": 2}})) == 2
+    ahead._conn.close()  # as when the driver is gone: the process ends by itself
+    ahead._process.join(30)
+    assert ahead._process.exitcode == 0

@@ -8,11 +8,13 @@ exact in Redis and Delta afterwards) runs three times on the same events:
   spark_standalone), with `spark.cores.max` 1: one executor;
 - the same with `spark.cores.max` 2: an executor on each worker;
 - on `local[2]` and on the two workers again with the batch's read folded by Spark's
-  tasks (the setting `engine_task_read`, engine.task_read): Python tasks, not the driver,
-  keep each key's last record and fold ProductSales's events.
+  tasks (the setting `engine_task_read`, engine.task_read, with no batch fetched from
+  Kafka beside Spark): Python tasks, not the driver, keep each key's last record and fold
+  ProductSales's events.
 
 Meanwhile the CPU of the engine's processes is sampled from /proc every half second: the
-driver (this process: Python, and its JVM) against the executors (the JVMs the workers
+driver (this process: Python, and its JVM; and its read-ahead process, engine.read_ahead,
+which fetches the batches' records from Kafka beside it) against the executors (the JVMs the workers
 launched; on `local[2]` the JVM's task threads, "Executor task launch worker"; and the
 Python workers of either, which run the tasks' Python). The driver's share is the driver's
 CPU over all of it, over the graph query's run.
@@ -124,8 +126,12 @@ class CpuSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _readings(self) -> dict[tuple[str, int], float]:
+        from engine.graph import read_ahead_pids
+
         out = {("driver", os.getpid()): cpu_seconds(os.getpid())}
         out[("driver", self.jvm)] = cpu_seconds(self.jvm)
+        for pid in read_ahead_pids():  # the next batch's read, beside the driver
+            out[("driver", pid)] = cpu_seconds(pid)
         executors = []
         if self.worker_pids:
             for worker in self.worker_pids:
@@ -250,8 +256,10 @@ def run(ctx: BenchContext) -> GroupResult:
     placed = sum(r["current"] for r in loaded)
 
     local = _graph_run(ctx, _session(ctx, "local[2]", {}), "local", catalog, events, placed, [])
+    # The task read folds batches Spark reads: none is fetched from Kafka in these runs.
+    task_read = {"engine_task_read": True, "engine_driver_fetch_max_records": 0}
     local_tasks = _graph_run(ctx, ctx.spark_session, "local-task-read", catalog, events, placed,
-                             [], engine_task_read=True)
+                             [], **task_read)
     standalone = SparkStandalone(ctx.workdir / "spark", workers=2, cores_per_worker=1,
                                  memory_per_worker="1g")
     standalone.start()
@@ -265,7 +273,7 @@ def run(ctx: BenchContext) -> GroupResult:
             runs[cores] = _graph_run(ctx, spark, f"standalone-{cores}", catalog, events,
                                      placed, worker_pids)
         runs_tasks = _graph_run(ctx, spark, "standalone-2-task-read", catalog, events, placed,
-                                worker_pids, engine_task_read=True)
+                                worker_pids, **task_read)
     finally:
         _stop_session(ctx)  # before its workers go
         standalone.stop()
