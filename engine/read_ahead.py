@@ -61,9 +61,14 @@ class ReadAhead:
 
     @classmethod
     def for_settings(cls, settings: Settings, sources: Sequence[Source]) -> ReadAhead | None:
-        """None when the driver's fetch is off (DriverFetch.for_settings) or the read
-        ahead is (engine_read_ahead)."""
+        """None when the driver's fetch is off (DriverFetch.for_settings), the read ahead
+        is (engine_read_ahead), or this process may not start one."""
         if not settings.engine_read_ahead or DriverFetch.for_settings(settings, sources) is None:
+            return None
+        if multiprocessing.current_process().daemon:
+            # A daemonic process may not start one (an engine run by a worker of the
+            # bench's): the driver fetches the batches itself.
+            log.info("no read ahead in a daemonic process: the driver fetches the batches")
             return None
         return cls(settings.kafka_bootstrap, sources, settings.engine_driver_fetch_max_records)
 

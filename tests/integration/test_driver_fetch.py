@@ -261,3 +261,23 @@ def test_a_read_ahead_process_ends_with_its_pipe(settings, unique):
     ahead._conn.close()  # as when the driver is gone: the process ends by itself
     ahead._process.join(30)
     assert ahead._process.exitcode == 0
+
+
+def _read_ahead_for(settings, source: Source, answer) -> None:
+    answer.send(type(ReadAhead.for_settings(settings, [source])).__name__)
+
+
+def test_a_daemonic_process_reads_without_a_read_ahead(settings, unique):
+    """A daemonic process may not start one (an engine run by a bench worker): the driver
+    fetches, as with the read ahead off."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_read_ahead_for, args=(settings, _source(unique), theirs),
+                            daemon=True)
+    child.start()
+    assert ours.recv() == "NoneType"
+    child.join(30)
+    off = settings.model_copy(update={"engine_read_ahead": False})
+    assert ReadAhead.for_settings(off, [_source(unique)]) is None
