@@ -719,10 +719,8 @@ def start_graph_query(
     topics = ",".join(s.topic for s in sources)
     classified = classify_sources(read_kafka(spark, settings, topics, max_offsets), sources)
     # The graph queries started before this one are stopped by now (the engine runs one
-    # at a time): their read-ahead processes end with them. One still running would have
-    # its batches read by Spark.
-    while _STARTED:
-        _STARTED.pop().close()
+    # at a time). One still running would have its batches read by Spark.
+    close_graph_batches()
     step = GraphBatch(spark, settings, catalog, generations, schemas, checkpoint,
                       dead_letters=dead_letters)
     _STARTED.append(step)
@@ -738,6 +736,13 @@ def start_graph_query(
 
 # The graph batches of the queries this process started.
 _STARTED: list[GraphBatch] = []
+
+
+def close_graph_batches() -> None:
+    """Stop what the graph queries this process started keep beside them (their read-ahead
+    processes), once the queries are stopped."""
+    while _STARTED:
+        _STARTED.pop().close()
 
 
 def read_ahead_pids() -> list[int]:

@@ -49,7 +49,6 @@ class ReadAhead:
     DriverFetch.read's answers."""
 
     def __init__(self, bootstrap: str, sources: Sequence[Source], max_records: int) -> None:
-        self.max_records = max_records
         context = multiprocessing.get_context("spawn")  # the driver holds a JVM: no fork
         self._conn, theirs = context.Pipe()
         self._process = context.Process(target=_serve, name="viewgate-read-ahead",

@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 from engine.analysis import analyse
 from engine.failures import summarize
 from engine.generations import reconcile_generation
-from engine.graph import graph_sources, graph_views, start_graph_query
+from engine.graph import close_graph_batches, graph_sources, graph_views, start_graph_query
 from engine.maintenance import configure_table
 from engine.progress import ProgressRecorder
 from engine.sinks.delta_sink import ensure_table
@@ -177,15 +177,17 @@ class Engine:
         commit makes Spark's stream thread fail noisily (a StackOverflowError in its error
         handling). A JVM gone already (killed on its own) leaves nothing to stop."""
         deadline = time.monotonic() + drain_s
-        for query in self.queries:
-            try:
+        try:
+            for query in self.queries:
                 # Spark offers no event for the end of a batch: poll its status.
                 while (query.isActive and query.status["isTriggerActive"]
                        and time.monotonic() < deadline):
                     time.sleep(0.05)
                 query.stop()
-            except Exception:  # noqa: BLE001 - Py4J and PySpark errors of a dead JVM vary
-                return
+        except Exception:  # noqa: BLE001 - Py4J and PySpark errors of a dead JVM vary
+            pass
+        finally:
+            close_graph_batches()  # their read-ahead processes
 
     def _restart_other(self, name: str) -> StreamingQuery:
         source = self.catalog.sources[name.split(":", 1)[1]]
