@@ -257,6 +257,13 @@ class SourceReader:
         return parsed
 
 
+def spark_orders(partitions: int, keyless: bool) -> bool:
+    """Whether a batch's order across its partitions is Spark's to give: a record without
+    a Kafka key is deduplicated by its value's key field, which may be in several
+    partitions, when the batch has records in more than one."""
+    return keyless and partitions > 1
+
+
 class DriverFetch:
     """Reads a batch's records from Kafka in the driver, as the graph query's batch rows
     (engine.sources.classify_sources' columns), or says that Spark must."""
@@ -325,6 +332,7 @@ class DriverFetch:
                   ) -> list[Row]:
         ends = {(t, p): end for t, p, _, end in ranges}
         got: dict[tuple[str, int], list[Row]] = {tp: [] for tp in ends}
+        keyless: set[tuple[str, int]] = set()
         deadline = time.monotonic() + FETCH_DEADLINE_S
         while ends:
             left = deadline - time.monotonic()
@@ -356,18 +364,12 @@ class DriverFetch:
                     continue
                 row = self.readers[where[0]].row(where[0], where[1], offset, message.key(),
                                                  message.value())
+                if row["_kafka_key"] is None and row["_error"] is None:
+                    keyless.add(where)
                 got[where].append(row)
                 if offset == end - 1:
                     del ends[where]
-        return self.ordered(got)
-
-    @staticmethod
-    def ordered(got: Mapping[tuple[str, int], list[Row]]) -> list[Row]:
-        """The batch's rows, fetched per partition, in the order read() gives them."""
-        # A record without a Kafka key is deduplicated by its value's key field, which
-        # may be in several partitions: the order across them is Spark's to give.
-        if len(got) > 1 and any(row["_kafka_key"] is None and row["_error"] is None
-                                for rows in got.values() for row in rows):
+        if spark_orders(len(got), bool(keyless)):
             raise OutsideSubset("records without a Kafka key in a batch of several partitions")
         return [row for where in sorted(got) for row in got[where]]
 

@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from engine.collector import keep_collector_out_of_batches
-from engine.driver_fetch import FETCH_DEADLINE_S, DriverFetch, Offsets, Row
+from engine.driver_fetch import FETCH_DEADLINE_S, DriverFetch, Offsets, Row, spark_orders
 from engine.driver_sql import OutsideSubset
 from schema.catalog import Source
 from schema.settings import Settings
@@ -203,9 +203,7 @@ class _Ahead:
         chunks = [c for tp in sorted(taken) for c in taken[tp]]  # DriverFetch.read's order
         if any(tp in self.failed for tp in taken) or any(c.refused for c in chunks):
             return None
-        # A record without a Kafka key is deduplicated by its value's key field, which
-        # may be in several partitions: the order across them is Spark's to give.
-        if len(taken) > 1 and any(c.keyless for c in chunks):
+        if spark_orders(len(taken), any(c.keyless for c in chunks)):
             return None
         return [c.data for c in chunks]
 

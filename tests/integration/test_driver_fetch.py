@@ -239,12 +239,18 @@ def test_batches_read_ahead_are_the_batches_records(settings, unique):
         fetch.close()
 
 
-def test_a_read_ahead_process_gone_leaves_batches_to_spark(settings, unique):
-    topic = f"{unique}-gone"
+def _read_ahead_of_two(settings, topic: str) -> ReadAhead:
+    """A read ahead over a topic of two records, the first read."""
     _topic(settings, topic, 1)
     _produce(settings, topic, _orders(0, 2))
     ahead = ReadAhead(settings.kafka_bootstrap, [_source(topic)], max_records=10)
     assert len(ahead.read({topic: {"0": 0}}, {topic: {"0": 1}})) == 1
+    return ahead
+
+
+def test_a_read_ahead_process_gone_leaves_batches_to_spark(settings, unique):
+    topic = f"{unique}-gone"
+    ahead = _read_ahead_of_two(settings, topic)
     ahead._process.kill()
     ahead._process.join(30)
     assert ahead.read({topic: {"0": 1}}, {topic: {"0": 2}}) is None
@@ -254,10 +260,8 @@ def test_a_read_ahead_process_gone_leaves_batches_to_spark(settings, unique):
 
 def test_a_read_ahead_process_ends_with_its_pipe(settings, unique):
     topic = f"{unique}-ends"
-    _topic(settings, topic, 1)
-    _produce(settings, topic, _orders(0, 2))
-    ahead = ReadAhead(settings.kafka_bootstrap, [_source(topic)], max_records=10)
-    assert len(ahead.read({topic: {"0": 0}}, {topic: {"0": 2}})) == 2
+    ahead = _read_ahead_of_two(settings, topic)
+    assert len(ahead.read({topic: {"0": 1}}, {topic: {"0": 2}})) == 1
     ahead._conn.close()  # as when the driver is gone: the process ends by itself
     ahead._process.join(30)
     assert ahead._process.exitcode == 0
