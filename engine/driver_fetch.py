@@ -270,6 +270,7 @@ class DriverFetch:
 
     def __init__(self, bootstrap: str, sources: Sequence[Source], max_records: int) -> None:
         self.bootstrap = bootstrap
+        self.sources = list(sources)
         self.max_records = max_records
         self.readers = {s.topic: SourceReader(s, i, len(sources)) for i, s in enumerate(sources)}
         self._consumer: Consumer | None = None

@@ -262,9 +262,9 @@ class GraphBatch:
         self.early_merge_changes = settings.engine_early_merge_changes
         # Batches' records fetched from Kafka with no Spark job: read ahead by a process of
         # their own (engine.read_ahead), else by the driver itself when the batch comes.
+        fetch = DriverFetch.for_settings(settings, self.sources)
         self.driver_fetch: ReadAhead | DriverFetch | None = (
-            ReadAhead.for_settings(settings, self.sources)
-            or DriverFetch.for_settings(settings, self.sources))
+            ReadAhead.for_settings(settings, fetch) or fetch)
         # The last batch's id and end offsets: where the next one's records start.
         self._ends: tuple[int, dict[str, dict[str, int]]] | None = None
         if self.task_read:

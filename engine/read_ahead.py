@@ -59,17 +59,18 @@ class ReadAhead:
         self._lock = threading.Lock()  # one batch's question and answer at a time
 
     @classmethod
-    def for_settings(cls, settings: Settings, sources: Sequence[Source]) -> ReadAhead | None:
-        """None when the driver's fetch is off (DriverFetch.for_settings), the read ahead
-        is (engine_read_ahead), or this process may not start one."""
-        if not settings.engine_read_ahead or DriverFetch.for_settings(settings, sources) is None:
+    def for_settings(cls, settings: Settings, fetch: DriverFetch | None) -> ReadAhead | None:
+        """The read ahead of the driver's `fetch` (DriverFetch.for_settings); None when
+        that is off, the read ahead is (engine_read_ahead), or this process may not start
+        one."""
+        if fetch is None or not settings.engine_read_ahead:
             return None
         if multiprocessing.current_process().daemon:
             # A daemonic process may not start one (an engine run by a worker of the
             # bench's): the driver fetches the batches itself.
             log.info("no read ahead in a daemonic process: the driver fetches the batches")
             return None
-        return cls(settings.kafka_bootstrap, sources, settings.engine_driver_fetch_max_records)
+        return cls(fetch.bootstrap, fetch.sources, fetch.max_records)
 
     def read(self, starts: Offsets | None, ends: Offsets | None) -> list[Row] | None:
         """The records from `starts` to `ends`, as DriverFetch.read gives them."""

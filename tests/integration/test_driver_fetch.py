@@ -268,7 +268,8 @@ def test_a_read_ahead_process_ends_with_its_pipe(settings, unique):
 
 
 def _read_ahead_for(settings, source: Source, answer) -> None:
-    answer.send(type(ReadAhead.for_settings(settings, [source])).__name__)
+    fetch = DriverFetch.for_settings(settings, [source])
+    answer.send(type(ReadAhead.for_settings(settings, fetch)).__name__)
 
 
 def test_a_daemonic_process_reads_without_a_read_ahead(settings, unique):
@@ -284,4 +285,4 @@ def test_a_daemonic_process_reads_without_a_read_ahead(settings, unique):
     assert ours.recv() == "NoneType"
     child.join(30)
     off = settings.model_copy(update={"engine_read_ahead": False})
-    assert ReadAhead.for_settings(off, [_source(unique)]) is None
+    assert ReadAhead.for_settings(off, DriverFetch.for_settings(off, [_source(unique)])) is None
