@@ -6,6 +6,8 @@ same answers: the tests run with both."""
 
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -275,8 +277,6 @@ def _read_ahead_for(settings, source: Source, answer) -> None:
 def test_a_daemonic_process_reads_without_a_read_ahead(settings, unique):
     """A daemonic process may not start one (an engine run by a bench worker): the driver
     fetches, as with the read ahead off."""
-    import multiprocessing
-
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
     child = context.Process(target=_read_ahead_for, args=(settings, _source(unique), theirs),
