@@ -55,8 +55,12 @@ class RedisSink:
     def __init__(self, redis_url: str, view: View, fields: Mapping[str, FieldInfo]) -> None:
         self.view = view
         self.fields = fields
-        self.client = connect_redis(redis_url, large_arguments=True)  # a batch's apply
-        self.apply_script = self.client.register_script(APPLY_BATCH_LUA)
+        # Two clients, for the two kinds of command: reads of many small arguments (a
+        # batch's previous rows, one MGET of thousands of keys) packed by hiredis in C,
+        # and a batch's apply of a few arguments of megabytes, packed without a copy.
+        self.client = connect_redis(redis_url)
+        self.apply_client = connect_redis(redis_url, large_arguments=True)
+        self.apply_script = self.apply_client.register_script(APPLY_BATCH_LUA)
         self._index_keys: dict[tuple[int, str], str] = {}  # (generation, field) -> its key
 
     def _index_entries(self, row: Mapping[str, Any] | None, key: str, gen: int,
@@ -189,3 +193,4 @@ class RedisSink:
 
     def close(self) -> None:
         self.client.close()
+        self.apply_client.close()
