@@ -26,14 +26,21 @@ def test_a_plain_url_is_one_server() -> None:
     client.close()
 
 
+LARGE = b"x" * 8_000_000  # a batch's apply: its writes and outbox as one argument each
+
+
+def _packed(client) -> list[bytes]:
+    """What `client` sends for an apply carrying LARGE."""
+    connection = client.connection_pool.make_connection()
+    return connection.pack_commands([("EVALSHA", "0" * 40, 1, "meta", LARGE)])
+
+
 def test_a_client_for_large_arguments_sends_them_without_a_copy() -> None:
-    large = b"x" * 8_000_000  # a batch's apply: its writes and outbox as one argument each
     for large_arguments in (True, False):
         client = connect("redis://127.0.0.1:1/0", large_arguments=large_arguments)
-        connection = client.connection_pool.make_connection()
-        packed = connection.pack_commands([("EVALSHA", "0" * 40, 1, "meta", large)])
-        assert b"".join(packed).endswith(b"$8000000\r\n" + large + b"\r\n")
-        assert any(chunk is large for chunk in packed) is large_arguments
+        packed = _packed(client)
+        assert b"".join(packed).endswith(b"$8000000\r\n" + LARGE + b"\r\n")
+        assert any(chunk is LARGE for chunk in packed) is large_arguments
         client.close()
 
 
@@ -43,12 +50,6 @@ def test_a_view_sink_reads_with_hiredis_and_applies_without_a_copy() -> None:
     # packer sends a large one as it is). Its apply keeps the copy-free packer.
     view = CATALOG.view("Order")
     sink = RedisSink("redis://127.0.0.1:1/0", view, graphql_fields(view))
-    large = b"x" * 8_000_000
-
-    def sent_as_it_is(client) -> bool:
-        connection = client.connection_pool.make_connection()
-        return any(chunk is large
-                   for chunk in connection.pack_commands([("EVALSHA", "0", 0, large)]))
-    assert not sent_as_it_is(sink.client)
-    assert sent_as_it_is(sink.apply_client)
+    assert not any(chunk is LARGE for chunk in _packed(sink.client))
+    assert any(chunk is LARGE for chunk in _packed(sink.apply_client))
     sink.close()
