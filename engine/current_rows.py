@@ -119,15 +119,20 @@ class RedisRows:
         self.changes = changes
 
     def rows_where(self, table: str, column: str, values: set[Any]) -> list[Row]:
-        stored = self._stored_where(table, column, values)
         changed = self.changes.get(table)
         if not changed:
-            return stored
+            return self._stored_where(table, column, values)
         key = self.views[table].key
+        unread = values
+        if key == (column,):
+            # By key: a key the batch changed is answered by its change, not read (a
+            # throughput batch's orders: 13,500 rows not read from Redis).
+            unread = {v for v in values if key_of({column: v}, key) not in changed}
+        stored = [r for r in self._stored_where(table, column, unread)
+                  if key_of(r, key) not in changed]
         wanted = {json_value(v) for v in values}
-        return [*(r for r in stored if key_of(r, key) not in changed),
-                *(r for r in changed.values()
-                  if r is not None and json_value(r.get(column)) in wanted)]
+        return [*stored, *(r for r in changed.values()
+                           if r is not None and json_value(r.get(column)) in wanted)]
 
     def _stored_where(self, table: str, column: str, values: set[Any]) -> list[Row]:
         """The rows the previous batch left (Redis, or the fallback)."""

@@ -35,6 +35,10 @@ class CountingDelta(DeltaRows):
         return super().rows_where(table, column, values)
 
 
+def _mget_calls(client) -> int:
+    return client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0)
+
+
 def test_rows_come_from_redis_by_key_and_index_and_from_delta_otherwise(
         spark, settings, tmp_path):
     settings = isolated(settings, tmp_path, redis_db=22)
@@ -71,8 +75,13 @@ def test_rows_come_from_redis_by_key_and_index_and_from_delta_otherwise(
         == ["O9"]
     assert sorted(r["order_id"] for r in reader.rows_where("OrderRecord", "customer_id",
                                                            {"C2"})) == ["O1", "O3"]
+    reads = _mget_calls(client)
     assert reader.rows_where("OrderRecord", "order_id", {"O1", "O2"}) == [
         {**order("O1", "C2"), "status": "paid"}]
+    assert _mget_calls(client) == reads, "keys the batch changed are answered, not read"
+    assert [r["order_id"] for r in reader.rows_where(
+        "OrderRecord", "order_id", {"O1", "O4"})] == ["O1"]
+    assert _mget_calls(client) == reads + 1, "O4 (never written) is read, O1 is not"
     reader.start_batch({})
 
     # Not indexed: Delta, with the same answer Redis would give.
