@@ -226,18 +226,6 @@ def relevant(plan: AggregatePlan, changes: Sequence[Change]) -> list[Change]:
     return [(b, a) for b, a in changes if not same(b, a)]
 
 
-def _accumulate(part: Part, state: Any, value: Any) -> Any:
-    """One more row's argument (not null) into a part of a group's state, as Spark's
-    count, sum, min and max take it."""
-    if part.kind == "count":
-        return state + 1
-    if state is None:
-        return value
-    if part.kind == "sum":
-        return state + value
-    return min(state, value) if part.kind == "min" else max(state, value)
-
-
 def _combine(part: Part, stored: Any, removed: Any, added: Any) -> Any:
     if part.kind in ("count", "sum"):
         return (stored or 0) + (added or 0) - (removed or 0)
@@ -360,18 +348,33 @@ class AggregateStep:
         and the arguments (plan.rows_sql, no aggregate, so no job over local rows), the rows
         are counted and their arguments summed and compared here."""
         out: dict[tuple[Key, str], State] = {}
-        parts = self.plan.parts
+        group = self.plan.group
+        # Per row and part, in one loop with no call, as Spark's count, sum, min and max
+        # take a value that is not null: a throughput batch folds some 20,000 rows into six
+        # parts each.
+        parts = [(p.name, p.argument, p.kind) for p in self.plan.parts]
         for row in driver_or_spark(spark, self._rows_in_driver, self.plan.rows_sql, rows,
                                    _with_side(self.input_schema), self.plan.table):
-            key = (tuple(json_value(row[g]) for g in self.plan.group), row[SIDE])
+            values = (json_value(row[group[0]]),) if len(group) == 1 else tuple(
+                json_value(row[g]) for g in group)
+            key = (values, row[SIDE])
             state = out.get(key)
             if state is None:
                 state = out[key] = self.empty()
             state[COUNT] += 1
-            for part in parts:
-                value = row[part.argument]
-                if value is not None:
-                    state[part.name] = _accumulate(part, state[part.name], value)
+            for name, argument, kind in parts:
+                value = row[argument]
+                if value is None:
+                    continue
+                held = state[name]
+                if kind == "count":
+                    state[name] = held + 1
+                elif held is None:
+                    state[name] = value
+                elif kind == "sum":
+                    state[name] = held + value
+                elif value < held if kind == "min" else value > held:
+                    state[name] = value  # as min() and max() keep the first of equals
         return out
 
     def empty(self) -> State:

@@ -135,7 +135,9 @@ def _gather(view: TableView, lineage: Lineage, keys: set[Key],
     for read in gather_plan(view.name, view.key, lineage, list(view.inputs)):
         if read.via_table is None:
             candidates = current.rows_where(read.table, read.column, {k[0] for k in keys})
-            gathered[read.table] = [r for r in candidates if row_key(r, names) in keys]
+            # By a one-column key, rows_where answered exactly the keys' rows.
+            gathered[read.table] = candidates if len(names) == 1 else [
+                r for r in candidates if row_key(r, names) in keys]
         else:
             values = {r[read.via] for r in gathered[read.via_table]} - {None}
             gathered[read.table] = current.rows_where(read.table, read.column, values)

@@ -17,10 +17,13 @@ from pyspark.sql.types import (
 )
 
 from engine.aggregates import (
+    ADDED,
     COUNT,
+    REMOVED,
+    SIDE,
+    AggregateStep,
     Part,
     StateCodec,
-    _accumulate,
     _combine,
     _extreme_left,
     plan_aggregate,
@@ -68,12 +71,30 @@ def test_having_becomes_a_filter_over_the_states():
     assert plan.final_sql.endswith("WHERE __vg_n > 2")
 
 
+def test_a_sides_rows_fold_into_counts_sums_and_extremes():
+    plan = plan_aggregate("SELECT c, count(x) AS n, sum(x) AS s, min(x) AS lo, max(x) AS hi "
+                          "FROM t GROUP BY c", ("c",))
+    assert plan is not None
+    partial = StructType([StructField("c", StringType()), StructField(COUNT, LongType())] + [
+        StructField(p.name, LongType() if p.kind == "count" else DoubleType())
+        for p in plan.parts])
+    step = AggregateStep(plan, StateCodec(plan, partial), StructType(
+        [StructField("c", StringType()), StructField("x", DoubleType())]))
+    assert step.evaluated_in_driver  # no Spark session needed below
+    rows = [{"c": "a", "x": 7.5}, {"c": "a", "x": 2.5}, {"c": "a", "x": None},
+            {"c": "a", "x": 2.5}, {"c": "b", "x": -1.0}]
+    states = step._partial(None, [{**r, SIDE: ADDED} for r in rows]
+                           + [{"c": "a", "x": 100.0, SIDE: REMOVED}])
+
+    def folded(group: str, side: str) -> dict:
+        state = states[(group,), side]
+        return {"rows": state[COUNT], **{p.kind: state[p.name] for p in plan.parts}}
+    assert folded("a", ADDED) == {"rows": 4, "count": 3, "sum": 12.5, "min": 2.5, "max": 7.5}
+    assert folded("b", ADDED) == {"rows": 1, "count": 1, "sum": -1.0, "min": -1.0, "max": -1.0}
+    assert folded("a", REMOVED)["sum"] == 100.0
+
+
 def test_counts_and_sums_combine_by_addition_and_subtraction():
-    assert _accumulate(Part("c", "count"), 2, 7.5) == 3
-    assert _accumulate(Part("s", "sum"), None, 7.5) == 7.5
-    assert _accumulate(Part("s", "sum"), 2.5, 7.5) == 10.0
-    assert _accumulate(Part("m", "min"), 2.5, 7.5) == 2.5
-    assert _accumulate(Part("m", "max"), 2.5, 7.5) == 7.5
     assert _combine(Part("c", "count"), 10, 3, 2) == 9
     assert _combine(Part("s", "sum", "c"), 100.0, 30.0, None) == 70.0
     assert _combine(Part("s", "sum", "c"), None, None, 5) == 5
