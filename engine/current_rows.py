@@ -136,9 +136,11 @@ class RedisRows:
 
     def _stored_where(self, table: str, column: str, values: set[Any]) -> list[Row]:
         """The rows the previous batch left (Redis, or the fallback)."""
+        if not values:
+            return []
         view, generation = self.views[table], self.generations[table]
         by_key = view.key == (column,)
-        if (not values or None in values or not redis_serves(view, column)
+        if (None in values or not redis_serves(view, column)
                 or not self.client.hexists(meta_key(table), complete_field(generation))):
             return self.fallback.rows_where(table, column, values)
         if by_key:
