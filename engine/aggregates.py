@@ -373,8 +373,11 @@ class AggregateStep:
                     state[name] = value
                 elif kind == "sum":
                     state[name] = held + value
-                elif value < held if kind == "min" else value > held:
-                    state[name] = value  # as min() and max() keep the first of equals
+                elif kind == "min":
+                    if value < held:  # as min() does, the first of equals is kept
+                        state[name] = value
+                elif value > held:  # max
+                    state[name] = value
         return out
 
     def empty(self) -> State:

@@ -71,7 +71,7 @@ def test_having_becomes_a_filter_over_the_states():
     assert plan.final_sql.endswith("WHERE __vg_n > 2")
 
 
-def test_a_sides_rows_fold_into_counts_sums_and_extremes():
+def test_the_rows_of_each_group_and_side_fold_into_counts_sums_and_extremes():
     plan = plan_aggregate("SELECT c, count(x) AS n, sum(x) AS s, min(x) AS lo, max(x) AS hi "
                           "FROM t GROUP BY c", ("c",))
     assert plan is not None
