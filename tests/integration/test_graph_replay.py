@@ -23,7 +23,6 @@ from engine.metrics import rows_changed_total
 from engine.rebuild import log_range
 from engine.runner import prepare
 from engine.sinks.deletion_vectors import descriptor_file
-from engine.sources import classify_sources
 from schema.arrow_rows import arrow_rows
 from schema.catalog import View
 from schema.delta_read import live_rows
@@ -47,7 +46,8 @@ HELD = ("OrderRecord", "CustomerStats")  # applied before the engine died
 
 def _records(spark, settings, catalog, since: dict[str, dict[str, int]]):
     """The Kafka records of the graph's topics after `since` (topic -> partition ->
-    offset), as the graph query's batch would hold them; and where they end."""
+    offset), as the graph query's batch holds them (as Kafka has them); and where they
+    end."""
     sources = graph_sources(catalog)
     ends = {s.topic: {str(p): high for p, (_, high) in
                       log_range(settings.kafka_bootstrap, s.topic).items()} for s in sources}
@@ -57,7 +57,7 @@ def _records(spark, settings, catalog, since: dict[str, dict[str, int]]):
            .option("subscribe", ",".join(s.topic for s in sources))
            .option("startingOffsets", json.dumps(starts))
            .option("endingOffsets", json.dumps(ends)).load())
-    return classify_sources(raw, sources), ends
+    return raw, ends
 
 
 def _died_mid_apply(held):
