@@ -253,7 +253,7 @@ class GraphBatch:
         self.compute_threads = started_threads(len(self.views), "graph-view")
         self.delta_threads = started_threads(len(self.views), "graph-delta")
         self.redis = connect_redis(settings.redis_url, large_arguments=True)  # the applies, marks
-        self._layout: dict[str, tuple[TopicLayout, bool]] | None = None
+        self._layout = self._value_layout()
         # The read in Spark's tasks when every stream aggregate is evaluated without Spark
         # (engine.task_read); else the batch's records all come to the driver.
         self.task_read = (TaskRead(list(self.streams.values()), schemas)
@@ -539,8 +539,6 @@ class GraphBatch:
         reads them (engine.sources.classify_sources; building its columns takes dozens
         of py4j calls). `seen`: the stream aggregates' meta before the batch."""
         records = {s.name: SourceRecords({}, []) for s in self.sources}
-        if self._layout is None:  # the parsed batch's schema: once
-            self._layout = self._value_layout(classify_sources(batch, self.sources))
         by_topic = {topic: (records[layout.source], layout, stream)
                     for topic, (layout, stream) in self._layout.items()}
         partials: dict[str, list[Partial]] = {}
@@ -561,14 +559,16 @@ class GraphBatch:
                 take_rows(spark_rows(batch), by_topic)
         return _Read(records, partials, dict(seen))
 
-    def _value_layout(self, batch: DataFrame) -> dict[str, tuple[TopicLayout, bool]]:
-        """Per topic: where its records are in the batch (engine.task_read.TopicLayout),
-        and whether a stream aggregate reads the source's events."""
+    def _value_layout(self) -> dict[str, tuple[TopicLayout, bool]]:
+        """Per topic: where its records are in the parsed batch
+        (engine.task_read.TopicLayout), and whether a stream aggregate reads the source's
+        events. A source's parsed value has the fields of its schema as Spark reads the
+        DDL (source_schemas), and Spark's corrupt-record field."""
         streamed = {self.catalog.view(v).source for v in self.streams}
         layout = {}
         for i, source in enumerate(self.sources):
             column, wanted = value_column(i), source_columns(source)
-            parsed = batch.schema[column].dataType.fieldNames()
+            parsed = self.source_schemas[source.name].fieldNames()
             same = [f for f in parsed if f != CORRUPT] == wanted
             layout[source.topic] = (TopicLayout(source.name, column, tuple(wanted), same,
                                                 source.key),
