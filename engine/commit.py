@@ -66,6 +66,10 @@ class Pending:
     old_rows: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     extra_ops: Sequence[Op] = ()
     applied: bool = False  # Redis holds the batch (applied now, or by an earlier attempt)
+    # What Redis held of the batch's keys as it stores them (Before.encoded): the events'
+    # `before` rows as text, for Delta's pre-images (empty once a replay's events replaced
+    # the computed ones).
+    old_encoded: Mapping[str, bytes] = field(default_factory=dict)
 
     def new_rows(self) -> dict[str, Mapping[str, Any] | None]:
         """Key text -> the row as this batch leaves it (None: deleted), for every key whose
@@ -221,7 +225,7 @@ class ViewCommitter:
             batch_id, events, rows, deleted, fields,
             redis_upserts={**{k: r for k, r in stale.items() if r is not None}, **upserts},
             redis_deletes=deletes | {k for k, r in stale.items() if r is None},
-            old_rows=old_rows, extra_ops=extra_ops)
+            old_rows=old_rows, extra_ops=extra_ops, old_encoded=before.encoded)
 
     def stored(self, batch_id: int) -> Pending:
         """The batch as Redis already holds it (a replay after a crash past the Redis
@@ -256,6 +260,7 @@ class ViewCommitter:
             replayed = self.stored(pending.batch_id)
             pending.events, pending.rows, pending.deleted = (
                 replayed.events, replayed.rows, replayed.deleted)
+            pending.old_encoded = {}
         pending.applied = True
 
     def publish(self, pending: Pending) -> None:
@@ -293,7 +298,10 @@ class ViewCommitter:
             **pending.meta,
         }
         try:
-            previous = {e.key: e.before for e in pending.events if e.before is not None}
+            # An event's `before` is what Redis held (Delta's row where Redis had none).
+            held = pending.old_encoded
+            previous = {e.key: held.get(e.key, e.before) for e in pending.events
+                        if e.before is not None}
             self._merge(pending.batch_id, pending.rows, pending.deleted, metadata, previous,
                         ready)
         finally:

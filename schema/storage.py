@@ -80,7 +80,7 @@ def from_json_value(python_type: Any, value: Any) -> Any:
 
 def encode_row(row: Mapping[str, Any]) -> bytes:
     """A row as compact JSON: datetimes ISO-8601 UTC 'Z', dates ISO, Decimals as floats."""
-    return _dumps(dict(row))
+    return _dumps(row if type(row) is dict else dict(row))  # orjson takes dicts only
 
 
 def decode_row(data: bytes | str, view: View | None = None) -> dict[str, Any]:

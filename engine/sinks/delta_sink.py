@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 from engine import maintenance
 from engine.maintenance import MaintenanceResult, history_seconds
 from engine.sinks.dv_merge import DeletionVectorMerge, supports_deletion_vectors
+from engine.sinks.rows_table import json_exact
 from schema.arrow_rows import arrow_rows
 from schema.catalog import View
 from schema.delta_read import live_rows, plain_schema, values_filter
@@ -173,15 +174,15 @@ class DeltaSink:
         deleted: Sequence[Mapping[str, Any]],
         delete_on: Sequence[str],
         metadata: Mapping[str, Any],
-        previous: Mapping[str, Mapping[str, Any]] | None = None,
+        previous: Mapping[str, Mapping[str, Any] | bytes] | None = None,
         ready: Callable[[], Any] = lambda: None,
     ) -> bool:
-        """False when the table already holds this batch (a replay). `previous`: the rows
-        the batch's keys had before it (key_of -> row in Redis's JSON form), for the change
-        data feed's pre-images; keys it lacks are read from the table. `ready()` is called
-        before the commit, as late as the writer allows (DeletionVectorMerge.merge: after
-        the files are written): it may block until the commit is due, or raise to commit
-        nothing.
+        """False when the table already holds this batch (a replay). `previous`: the rows the
+        batch's keys had before it (key_of -> row in Redis's JSON form, decoded or as Redis
+        stores it), for the change data feed's pre-images; keys it lacks are read from the
+        table. `ready()` is called before the commit, as late as the writer allows
+        (DeletionVectorMerge.merge: after the files are written): it may block until the
+        commit is due, or raise to commit nothing.
 
         A batch that changes no row is recorded all the same, as a commit holding only its
         transaction: Redis records every batch id, and readers compare the two (a re-warm
@@ -207,10 +208,16 @@ class DeltaSink:
                 {"txn": {"appId": self.app_id, "version": batch_id, "lastUpdated": now}},
             ]
             before = previous or {}
+            # Rows as Redis stores them (text, or decoded) make the same Arrow as typed ones
+            # (rows_table), except where a column needs Python's types: only then decoded,
+            # row by row.
+            needs_types = not json_exact(plain_schema(table))
 
-            def previous_row(key: str) -> dict[str, Any] | None:
+            def previous_row(key: str) -> Mapping[str, Any] | bytes | None:
                 row = before.get(key)
-                return None if row is None else decode_row(encode_row(row), self.view)
+                if row is None or not needs_types:
+                    return row
+                return decode_row(row if isinstance(row, bytes) else encode_row(row), self.view)
 
             self._vectors.merge(table, rows, deleted, header, previous_row, ready)
             return True

@@ -38,6 +38,7 @@ from pyroaring import BitMap
 from engine.sinks import deletion_vectors as dv
 from engine.sinks.delta_log import ActiveFiles, commit
 from engine.sinks.key_index import KeyIndex, encode_keys
+from engine.sinks.rows_table import rows_table
 from schema.arrow_rows import arrow_rows
 from schema.delta_read import plain_schema
 from schema.object_store import filesystem, read_bytes
@@ -75,21 +76,21 @@ class DeletionVectorMerge:
 
     def merge(self, table: DeltaTable, rows: Sequence[Mapping[str, Any]],
               deleted: Sequence[Mapping[str, Any]], header: Sequence[Mapping[str, Any]],
-              previous: Callable[[str], Mapping[str, Any] | None] = lambda key: None,
+              previous: Callable[[str], Mapping[str, Any] | bytes | None] = lambda key: None,
               ready: Callable[[], Any] = lambda: None) -> None:
-        """Commit `rows` (upserts) and `deleted` (key columns) as the next version after
-        `table`'s, with the `header` actions (commitInfo, txn) first. `previous(key)`: the
-        row a key (key_of) had, for the change data feed's pre-images; a key it has none
-        for is read from its file. `ready()` is called once the files are written, before
-        the log commit: it may block until the commit is due, or raise to commit nothing
-        (the files written are then deleted, and what it raised comes out of here)."""
+        """Commit `rows` (upserts) and `deleted` (key columns) as the next version after `table`'s,
+        with the `header` actions (commitInfo, txn) first. `previous(key)`: the row a key
+        (key_of) had, for the change data feed's pre-images (typed, or in Redis's JSON form,
+        decoded or as text, where rows_table.json_exact holds); a key it has none for is
+        read from its file. `ready()` is called once the files are written, before the log
+        commit: it may block until the commit is due, or raise to commit nothing (the files
+        written are then deleted, and what it raised comes out of here)."""
         self._catch_up(table.version())
         config = table.metadata().configuration
         schema = plain_schema(table)
-        upserts = pa.Table.from_pylist(list(rows), schema=schema)  # other fields ignored
+        upserts = rows_table(rows, schema)  # other fields ignored
         upserts = upserts.sort_by([(c, "ascending") for c in self.key])
-        gone = pa.Table.from_pylist(list(deleted),
-                                    schema=pa.schema([schema.field(c) for c in self.key]))
+        gone = rows_table(deleted, pa.schema([schema.field(c) for c in self.key]))
         upsert_keys = encode_keys(upserts, self.key)
         gone_keys = encode_keys(gone, self.key)
         marked, live = self._locate(
@@ -194,17 +195,16 @@ class DeletionVectorMerge:
 
     def _changes(self, schema: pa.Schema, upserts: pa.Table, upsert_keys: np.ndarray,
                  gone: pa.Table, gone_keys: np.ndarray, live: Mapping[Any, tuple[str, int]],
-                 previous: Callable[[str], Mapping[str, Any] | None]) -> pa.Table:
+                 previous: Callable[[str], Mapping[str, Any] | bytes | None]) -> pa.Table:
         """The commit's change data: inserts, updates as pre- and post-images, deletes with
         the deleted row, as Delta's change data feed has them."""
         updated = [k in live for k in upsert_keys.tolist()]
         removed = [k for k in gone_keys.tolist() if k in live]
         old_keys = [k for k, is_update in zip(upsert_keys.tolist(), updated, strict=True)
                     if is_update] + removed
-        old_names = [key_of(r, self.key) for r in
-                     upserts.filter(pa.array(updated, pa.bool_())).select(self.key).to_pylist()
-                     + gone.filter(pa.array([k in live for k in gone_keys.tolist()],
-                                            pa.bool_())).select(self.key).to_pylist()]
+        old_names = (self._key_texts(upserts.filter(pa.array(updated, pa.bool_())))
+                     + self._key_texts(gone.filter(pa.array(
+                         [k in live for k in gone_keys.tolist()], pa.bool_()))))
         olds = self._previous_rows(schema, old_keys, old_names, live, previous)
         parts = [
             upserts.append_column("_change_type", pa.array(
@@ -215,12 +215,18 @@ class DeletionVectorMerge:
         ]
         return pa.concat_tables(parts)
 
+    def _key_texts(self, rows: pa.Table) -> list[str]:
+        """key_of of each row: of one text column, the column's values themselves."""
+        if len(self.key) == 1 and pa.types.is_string(rows.schema.field(self.key[0]).type):
+            return rows.column(self.key[0]).to_pylist()
+        return [key_of(r, self.key) for r in rows.select(self.key).to_pylist()]
+
     def _previous_rows(self, schema: pa.Schema, keys: Sequence[Any], names: Sequence[str],
                        live: Mapping[Any, tuple[str, int]],
-                       previous: Callable[[str], Mapping[str, Any] | None]) -> pa.Table:
+                       previous: Callable[[str], Mapping[str, Any] | bytes | None]) -> pa.Table:
         """The current rows of `keys` (key_of names alike): from `previous` (what Redis
         held), the others read from their files (Redis lost them: rare)."""
-        rows: list[Mapping[str, Any] | None] = [previous(name) for name in names]
+        rows: list[Mapping[str, Any] | bytes | None] = [previous(name) for name in names]
         unknown: dict[str, list[int]] = {}
         for i, row in enumerate(rows):
             if row is None:
@@ -231,7 +237,7 @@ class DeletionVectorMerge:
                 [live[keys[i]][1] for i in indexes]))
             for i, row in zip(indexes, stored, strict=True):
                 rows[i] = row
-        return pa.Table.from_pylist(rows, schema=schema)
+        return rows_table(rows, schema)
 
     def _deleted(self, path: str) -> BitMap:
         entry = self._vectors.get(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class Before:
     fence: int | None  # the last batch Redis holds (None: Redis lost the meta)
     complete: bool  # Redis holds every row: the first batch or a full re-warm marked it so,
     # and a flush or a restart lost the mark
+    # The same rows as Redis stores them (JSON text), for Delta's pre-images
+    encoded: dict[str, bytes] = dataclasses.field(default_factory=dict)
 
 
 def _same_value(stored: Any, value: Any) -> bool:
@@ -112,9 +115,9 @@ class RedisSink:
                 pipe.mget(rows_keys)
             pipe.hmget(*meta)
             *stored, (fence, complete) = pipe.execute()
-        rows = zip(keys, stored[0], strict=True) if keys else ()
-        return Before({k: decode_row(v) for k, v in rows if v},
-                      None if fence is None else int(fence), complete is not None)
+        found = {k: v for k, v in zip(keys, stored[0], strict=True) if v} if keys else {}
+        return Before({k: decode_row(v) for k, v in found.items()},
+                      None if fence is None else int(fence), complete is not None, found)
 
     def apply(
         self,
