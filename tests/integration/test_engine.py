@@ -349,6 +349,20 @@ def test_offsets_and_watermark_are_recorded_with_each_commit_in_redis_and_delta(
     assert {"insert", "update_preimage", "update_postimage"} <= set(
         changes.column("_change_type").to_pylist()
     )
+    # Each pre-image (made from the row Redis held) is the row the key's previous commit
+    # left, with the table's types.
+    meta_columns = {"_change_type", "_commit_version", "_commit_timestamp"}
+    last: dict[str, dict] = {}
+    checked = 0
+    for change in sorted(changes.to_pylist(), key=lambda c: (
+            c["_commit_version"], c["_change_type"] != "update_preimage")):
+        row = {k: v for k, v in change.items() if k not in meta_columns}
+        if change["_change_type"] == "update_preimage":
+            assert row == last[row["customer_id"]]
+            checked += 1
+        elif change["_change_type"] in ("insert", "update_postimage"):
+            last[row["customer_id"]] = row
+    assert checked
     sales = ViewMeta.from_fields(shop["redis"].hgetall(meta_key("ProductSales")))
     newest_event = max(ts(json.loads(v)["ts"]) for _, _, v in shop["orders"] if v)
     assert ts(sales.watermark) == newest_event - datetime.timedelta(seconds=30)
