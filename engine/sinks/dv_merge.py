@@ -78,13 +78,14 @@ class DeletionVectorMerge:
               deleted: Sequence[Mapping[str, Any]], header: Sequence[Mapping[str, Any]],
               previous: Callable[[str], Mapping[str, Any] | bytes | None] = lambda key: None,
               ready: Callable[[], Any] = lambda: None) -> None:
-        """Commit `rows` (upserts) and `deleted` (key columns) as the next version after `table`'s,
-        with the `header` actions (commitInfo, txn) first. `previous(key)`: the row a key
-        (key_of) had, for the change data feed's pre-images (typed, or in Redis's JSON form,
-        decoded or as text, where rows_table.json_exact holds); a key it has none for is
-        read from its file. `ready()` is called once the files are written, before the log
-        commit: it may block until the commit is due, or raise to commit nothing (the files
-        written are then deleted, and what it raised comes out of here)."""
+        """Commit `rows` (upserts) and `deleted` (key columns) as the next version after
+        `table`'s, with the `header` actions (commitInfo, txn) first. `previous(key)`:
+        the row a key (key_of) had, for the change data feed's pre-images (typed, or in
+        Redis's JSON form, decoded or as text, where rows_table.json_exact holds); a key
+        it has none for is read from its file. `ready()` is called once the files are
+        written, before the log commit: it may block until the commit is due, or raise
+        to commit nothing (the files written are then deleted, and what it raised comes
+        out of here)."""
         self._catch_up(table.version())
         config = table.metadata().configuration
         schema = plain_schema(table)

@@ -11,12 +11,14 @@ import zoneinfo
 
 import pyarrow as pa
 import pytest
+import strawberry
 from deltalake import DeltaTable, write_deltalake
 
 from engine.maintenance import configure_table
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.rows_table import json_exact, rows_table
 from schema import demo
+from schema.catalog import View, ViewKind
 from schema.storage import decode_row, delta_app_id, encode_row, key_of
 
 UTC = datetime.UTC
@@ -139,3 +141,32 @@ def test_pre_images_in_redis_json_form_reach_the_change_data_feed_typed(tmp_path
     assert (pre["order_count"], pre["revenue"]) == (2, 99.25)
     assert by_type["update_postimage"]["revenue"] == 12.0
 
+
+
+@strawberry.type
+class Shipment:
+    shipment_id: str
+    due: datetime.date
+
+
+def test_a_pre_image_with_a_date_is_decoded_with_the_views_types(tmp_path):
+    # A date column keeps from_pylist, so a pre-image Redis handed over as text is decoded
+    # with the view's field types first.
+    view = View("Shipment", "shipments", "SELECT * FROM shipments", ("shipment_id",),
+                Shipment, ViewKind.UPSERT)
+    schema = pa.schema([("shipment_id", pa.string()), ("due", pa.date32())])
+    assert not json_exact(schema)
+    path = str(tmp_path / "Shipment")
+    write_deltalake(path, schema.empty_table(),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    configure_table(path, view, target_file_bytes=64 * 1024)
+    sink = DeltaSink(path, view, delta_app_id(view.name, 0))
+    row = {"shipment_id": "S1", "due": datetime.date(2026, 3, 4)}
+    assert sink.merge(0, [row], [], view.key, metadata={"batch_id": 0})
+    held = encode_row(dict(row, due=datetime.date(2026, 3, 1)))  # as Redis stores it
+    assert sink.merge(1, [dict(row, due=datetime.date(2026, 3, 9))], [], view.key,
+                      metadata={"batch_id": 1}, previous={"S1": held})
+    changes = pa.table(DeltaTable(path).load_cdf(starting_version=DeltaTable(path).version()))
+    by_type = {c["_change_type"]: c["due"] for c in changes.to_pylist()}
+    assert by_type == {"update_preimage": datetime.date(2026, 3, 1),
+                       "update_postimage": datetime.date(2026, 3, 9)}
