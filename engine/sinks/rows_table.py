@@ -60,4 +60,4 @@ def rows_table(rows: Iterable[Mapping[str, Any] | bytes], schema: pa.Schema) -> 
     # in about 15 ms).
     table = pa_json.read_json(io.BytesIO(data), parse_options=options,
                               read_options=pa_json.ReadOptions(block_size=len(data) + 1))
-    return table.select(schema.names).cast(schema)
+    return table.cast(schema)  # the reader's columns are all nullable; the schema's may not be
