@@ -125,11 +125,14 @@ class ViewCommitter:
         self.background = background_for(self.delta.path, view.name)
 
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
-                deletes: set[str], old_rows: Mapping[str, dict[str, Any]]) -> list[ChangeEvent]:
+                deletes: set[str], old_rows: Mapping[str, dict[str, Any]],
+                old_texts: Mapping[str, bytes]) -> list[ChangeEvent]:
+        """`old_texts`: the previous rows Redis returned, as it stores them (Before.encoded);
+        each is the text of the key's row in `old_rows` (a row Delta filled in has none)."""
         def event(key: str, row: dict[str, Any] | None) -> ChangeEvent:
             before = old_rows.get(key)
             return ChangeEvent(self.view.name, key, change_op(before, row), row, before,
-                               batch_id, self.generation, now_ms)
+                               batch_id, self.generation, now_ms, old_texts.get(key))
         return [event(k, r) for k, r in upserts.items()] + [event(k, None) for k in deletes]
 
     def _stale_in_redis(self, batch_id: int, fence: int | None,
@@ -216,7 +219,7 @@ class ViewCommitter:
             # not re-warmed them all yet: without their previous values an update would go
             # out as an insert, and a row leaving a filter would never reach its subscribers.
             old_rows = {**self.delta.rows(missing), **old_rows}
-        events = self._events(batch_id, now_ms, upserts, deletes, old_rows)
+        events = self._events(batch_id, now_ms, upserts, deletes, old_rows, before.encoded)
         stale = self._stale_in_redis(batch_id, before.fence, set(upserts) | deletes)
         if stale:
             # Their index entries come from what Redis holds of them, old as it is.

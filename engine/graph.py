@@ -71,6 +71,7 @@ from engine.incremental import (
     Change,
     Evaluate,
     Key,
+    StoredRows,
     TableView,
     json_value,
     projected_rows,
@@ -606,12 +607,13 @@ class GraphBatch:
         self.current[view.name].start_batch({name: pending[name].new_rows() for name in changes})
         read: list[Before] = []
 
-        def stored(keys: set[Key]) -> dict[Key, dict[str, Any]]:
+        def stored(keys: set[Key]) -> StoredRows:
             # A key with a null has no stored row: its new row is dead-lettered (commit).
             texts = {key_text(k): k for k in keys if None not in k}
             before = self._before(committer, list(texts))
             read.append(before)
-            return {texts[t]: row for t, row in before.rows.items()}
+            return StoredRows({texts[t]: row for t, row in before.rows.items()},
+                              {texts[t]: text for t, text in before.encoded.items()})
 
         def key_text(key: Key) -> str:
             return key_of(dict(zip(view.key, key, strict=True)), view.key)

@@ -182,6 +182,16 @@ class _Clock:
 Evaluate = Callable[[Mapping[str, list[Row]], set[Key]], dict[Key, Row]]
 
 
+class StoredRows(dict[Key, Row]):
+    """A view's stored rows by key (JSON form), with the text Redis returned for each it
+    read there (`texts`): changed_rows compares a new row with that text instead of
+    encoding the stored row again. A row without a text (Delta filled it in) is encoded."""
+
+    def __init__(self, rows: Mapping[Key, Row], texts: Mapping[Key, bytes]) -> None:
+        super().__init__(rows)
+        self.texts = texts
+
+
 def projected_rows(view: TableView) -> Evaluate | None:
     """Step 3 in the driver for a view that picks, computes and filters the columns of one
     input with SQL engine.driver_sql evaluates as Spark does (`SELECT a, CAST(b AS DOUBLE)
@@ -238,12 +248,15 @@ def view_changes(spark: SparkSession, view: TableView, lineage: Lineage,
 def changed_rows(keys: set[Key], old: Mapping[Key, Row], new: Mapping[Key, Row]
                  ) -> dict[Key, Change]:
     """{key: (stored row, new row)} for the keys whose row appears, changes or disappears.
-    Compared as JSON text: the stored row is in JSON form, the new one as Spark has it, and
-    both list the view's columns in the same order."""
+    Compared as JSON text: the stored row is in JSON form (or the text Redis holds, which
+    encode_row wrote), the new one as Spark has it, and both list the view's columns in the
+    same order."""
+    texts = old.texts if isinstance(old, StoredRows) else {}
     out = {}
     for key in keys:
         before, after = old.get(key), new.get(key)
         if (before is None) != (after is None) or (
-                after is not None and encode_row(after) != encode_row(before)):
+                after is not None
+                and encode_row(after) != (texts.get(key) or encode_row(before))):
             out[key] = (before, after)
     return out

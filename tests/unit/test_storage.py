@@ -185,6 +185,21 @@ def test_change_event_round_trip() -> None:
         ChangeEvent.from_bytes(orjson.dumps({**orjson.loads(data), "op": "upsert"}))
 
 
+
+def test_an_events_previous_row_as_redis_stored_it_gives_the_same_bytes() -> None:
+    """The engine hands an event the previous row's text from Redis; its bytes are those of
+    the event that encodes the decoded row, and the two events are equal."""
+    stored = encode_row({"order_id": "O1", "amount": 2.5, "ts": T0, "status": None})
+    row = {"order_id": "O1", "amount": 3.0, "ts": T0, "status": "shipped"}
+    plain = ChangeEvent("Order", "O1", "update", row, decode_row(stored), 7, 1, 1234)
+    texted = ChangeEvent("Order", "O1", "update", row, decode_row(stored), 7, 1, 1234, stored)
+    assert texted.to_bytes() == plain.to_bytes()
+    assert texted == plain
+    # The text is what goes out, as it is (so it must be the row's: the engine's contract)
+    other = ChangeEvent("Order", "O1", "update", row, decode_row(stored), 7, 1, 1234,
+                        b'{"order_id":"O0"}')
+    assert orjson.loads(other.to_bytes())["before"] == {"order_id": "O0"}
+
 def test_change_op_follows_from_before_and_after() -> None:
     assert change_op(None, {"a": 1}) == "insert"
     assert change_op({"a": 0}, {"a": 1}) == "update"
