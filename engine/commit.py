@@ -66,10 +66,6 @@ class Pending:
     old_rows: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     extra_ops: Sequence[Op] = ()
     applied: bool = False  # Redis holds the batch (applied now, or by an earlier attempt)
-    # What Redis held of the batch's keys as it stores them (Before.encoded): the events'
-    # `before` rows as text, for Delta's pre-images (empty once a replay's events replaced
-    # the computed ones).
-    old_encoded: Mapping[str, bytes] = field(default_factory=dict)
 
     def new_rows(self) -> dict[str, Mapping[str, Any] | None]:
         """Key text -> the row as this batch leaves it (None: deleted), for every key whose
@@ -228,7 +224,7 @@ class ViewCommitter:
             batch_id, events, rows, deleted, fields,
             redis_upserts={**{k: r for k, r in stale.items() if r is not None}, **upserts},
             redis_deletes=deletes | {k for k, r in stale.items() if r is None},
-            old_rows=old_rows, extra_ops=extra_ops, old_encoded=before.encoded)
+            old_rows=old_rows, extra_ops=extra_ops)
 
     def stored(self, batch_id: int) -> Pending:
         """The batch as Redis already holds it (a replay after a crash past the Redis
@@ -263,7 +259,6 @@ class ViewCommitter:
             replayed = self.stored(pending.batch_id)
             pending.events, pending.rows, pending.deleted = (
                 replayed.events, replayed.rows, replayed.deleted)
-            pending.old_encoded = {}
         pending.applied = True
 
     def publish(self, pending: Pending) -> None:
@@ -301,9 +296,9 @@ class ViewCommitter:
             **pending.meta,
         }
         try:
-            # An event's `before` is what Redis held (Delta's row where Redis had none).
-            held = pending.old_encoded
-            previous = {e.key: held.get(e.key, e.before) for e in pending.events
+            # An event's `before` is what Redis held (Delta's row where Redis had none),
+            # as Redis returned it where the event has that text (a replay's events do not).
+            previous = {e.key: e.before_text or e.before for e in pending.events
                         if e.before is not None}
             self._merge(pending.batch_id, pending.rows, pending.deleted, metadata, previous,
                         ready)

@@ -43,7 +43,8 @@ class Before:
     fence: int | None  # the last batch Redis holds (None: Redis lost the meta)
     complete: bool  # Redis holds every row: the first batch or a full re-warm marked it so,
     # and a flush or a restart lost the mark
-    # The same rows as Redis stores them (JSON text), for Delta's pre-images
+    # The same rows as Redis stores them (JSON text): the change events' previous rows and
+    # Delta's pre-images take them as they are
     encoded: dict[str, bytes] = dataclasses.field(default_factory=dict)
 
 
