@@ -120,6 +120,13 @@ class ViewCommitter:
                                               phase=maintenance_phase)
         self.background = background_for(self.delta.path, view.name)
 
+    def close(self) -> None:
+        """Release the producers, Redis clients and Delta state (engine.query_resources)."""
+        self.feed.close()
+        self.rejects.close()
+        self.redis.close()
+        self.delta.close()
+
     def _events(self, batch_id: int, now_ms: int, upserts: Mapping[str, dict[str, Any]],
                 deletes: set[str], old_rows: Mapping[str, dict[str, Any]],
                 old_texts: Mapping[str, bytes]) -> list[ChangeEvent]:

@@ -53,6 +53,9 @@ class DeltaRows:
         self.path_of = path_of
         self._tables: dict[str, DeltaTable] = {}
 
+    def close(self) -> None:
+        self._tables.clear()
+
     def _table(self, view: str) -> DeltaTable:
         path = self.path_of(view)
         table = self._tables.get(path)
@@ -111,6 +114,11 @@ class RedisRows:
         self.fallback = fallback
         self._read: dict[tuple[str, str], Row | None] = {}  # (view, key) -> row or absent
         self.changes: Changes = {}
+
+    def close(self) -> None:
+        self.client.close()
+        self._read.clear()
+        self.fallback.close()
 
     def start_batch(self, changes: Changes) -> None:
         """A new batch: drop the rows read so far, and lay `changes` (the inputs' changes

@@ -11,6 +11,7 @@ from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 
 from engine.metrics import observe_dead_letters
+from engine.sinks.changefeed import close_producer
 from schema.catalog import Catalog, Source, parse_ddl
 from schema.redis_client import connect as connect_redis
 from schema.storage import META_DEAD_LETTERS, deadletter_topic, meta_key
@@ -73,6 +74,10 @@ class DeadLetterWriter:
         self.redis = connect_redis(redis_url)
         self.count_once = self.redis.register_script(_COUNT_ONCE_LUA)
         self.meta_keys = [meta_key(v.name) for v in catalog.views_fed_by(source.name)]
+
+    def close(self) -> None:
+        close_producer(self.producer)
+        self.redis.close()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.publish(batch.select(

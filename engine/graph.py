@@ -86,6 +86,7 @@ from engine.metrics import (
     observe_stream,
 )
 from engine.projected_join import ProjectedJoin
+from engine.query_resources import held, release_stopped, start_holding
 from engine.read_ahead import ReadAhead
 from engine.sinks.redis_sink import Before
 from engine.sources import (
@@ -279,10 +280,20 @@ class GraphBatch:
             for s in self.sources} if dead_letters else {}
 
     def close(self) -> None:
-        """Stop the batch's read ahead (engine.read_ahead): the batches still called read
-        by Spark."""
+        """Release what the batch function holds beside its query, once the query has
+        stopped (engine.query_resources): the read ahead (engine.read_ahead), the views'
+        producers, Redis clients and Delta state, its threads."""
         if self.driver_fetch is not None:
             self.driver_fetch.close()
+        for committer in self.committers.values():
+            committer.close()
+        for writer in self.dead_letters.values():
+            writer.close()
+        for rows in self.current.values():
+            rows.close()
+        self.redis.close()
+        self.compute_threads.shutdown(wait=False)
+        self.delta_threads.shutdown(wait=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -730,37 +741,25 @@ def start_graph_query(
     # every source in the plan cost 35 ms a batch of its planning and its foreachBatch
     # call (a no-op batch function: 75 ms a trigger against 39, 2 cores, 2026-11-30).
     records = read_kafka(spark, settings, topics, max_offsets)
-    # The graph queries started before this one are stopped by now (the engine runs one
-    # at a time). One still running would have its batches read by Spark.
-    close_graph_batches()
+    # What the queries stopped since (this one's predecessor) held is released first: a
+    # read ahead still running would compete with this query's for the same records.
+    release_stopped()
     step = GraphBatch(spark, settings, catalog, generations, schemas, checkpoint,
                       dead_letters=dead_letters)
-    _STARTED.append(step)
     register_query_views(name, [(v.name, generations[v.name]) for v in step.views])
     trigger = ({"availableNow": True} if available_now
                else {"processingTime": graph_trigger(catalog)})
     keep_collector_out_of_batches()  # the batches' rows go by reference counting
     with scheduler_pool(spark, name):
-        query = (records.writeStream.foreachBatch(step).queryName(name)
-                 .option("checkpointLocation", checkpoint).trigger(**trigger).start())
-    return query
-
-
-# The graph batches of the queries this process started.
-_STARTED: list[GraphBatch] = []
-
-
-def close_graph_batches() -> None:
-    """Stop what the graph queries this process started keep beside them (their read-ahead
-    processes), once the queries are stopped."""
-    while _STARTED:
-        _STARTED.pop().close()
+        return start_holding(step, lambda: (
+            records.writeStream.foreachBatch(step).queryName(name)
+            .option("checkpointLocation", checkpoint).trigger(**trigger).start()))
 
 
 def read_ahead_pids() -> list[int]:
     """The read-ahead processes of the graph queries this process runs (their CPU is the
     driver's in the bench's shares)."""
-    return [b.driver_fetch.pid for b in _STARTED
+    return [b.driver_fetch.pid for b in held(GraphBatch)
             if isinstance(b.driver_fetch, ReadAhead) and b.driver_fetch.pid is not None]
 
 # The graph's views, recorded in its checkpoint when it is created.

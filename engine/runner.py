@@ -16,9 +16,10 @@ from pyspark.sql.types import StructType
 from engine.analysis import analyse
 from engine.failures import summarize
 from engine.generations import reconcile_generation
-from engine.graph import close_graph_batches, graph_sources, graph_views, start_graph_query
+from engine.graph import graph_sources, graph_views, start_graph_query
 from engine.maintenance import configure_table
 from engine.progress import ProgressRecorder
+from engine.query_resources import release_stopped
 from engine.sinks.delta_sink import ensure_table
 from engine.topics import ensure_view_topics
 from engine.views import start_deadletter_query, start_view_query
@@ -187,7 +188,7 @@ class Engine:
         except Exception:  # noqa: BLE001 - Py4J and PySpark errors of a dead JVM vary
             pass
         finally:
-            close_graph_batches()  # their read-ahead processes
+            release_stopped()  # what their batch functions held: read aheads, producers
 
     def _restart_other(self, name: str) -> StreamingQuery:
         source = self.catalog.sources[name.split(":", 1)[1]]

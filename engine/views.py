@@ -19,6 +19,7 @@ from engine.collector import keep_collector_out_of_batches
 from engine.commit import ViewCommitter
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
+from engine.query_resources import release_stopped, start_holding
 from engine.sources import (
     bad_records,
     classify,
@@ -97,6 +98,7 @@ def start_view_query(
     # Only upsert views delete, by the source key a tombstone carries.
     delete_on = (source.key,) if view.kind is ViewKind.UPSERT else view.key
     checkpoint = checkpoint_path(settings, view, generation)
+    release_stopped()  # what this view's previous query held, if it stopped
     committer = ViewCommitter(settings, view, generation, delete_on, checkpoint)
     if view.kind is ViewKind.UPSERT:
         writer = valid_records(classified).writeStream.foreachBatch(
@@ -118,7 +120,7 @@ def start_view_query(
     trigger = {"availableNow": True} if available_now else {"processingTime": view.trigger}
     keep_collector_out_of_batches()  # the batches' rows go by reference counting
     with scheduler_pool(spark, query_name(view, generation)):
-        return writer.trigger(**trigger).start()
+        return start_holding(committer, lambda: writer.trigger(**trigger).start())
 
 
 def _upsert_batch(settings: Settings, view: View, source: Source, committer: ViewCommitter):
@@ -159,12 +161,13 @@ def start_deadletter_query(
     available_now: bool = False,
 ) -> StreamingQuery:
     classified = classify(read_kafka(spark, settings, source.topic), source)
+    release_stopped()  # what this source's previous dead-letter query held, if it stopped
     writer = DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, source)
     trigger = (
         {"availableNow": True} if available_now else {"processingTime": settings.deadletter_trigger}
     )
     with scheduler_pool(spark, f"deadletters:{source.name}"):
-        return (
+        return start_holding(writer, lambda: (
             bad_records(classified)
             .writeStream.foreachBatch(writer)
             .queryName(f"deadletters:{source.name}")
@@ -173,4 +176,4 @@ def start_deadletter_query(
             )
             .trigger(**trigger)
             .start()
-        )
+        ))

@@ -46,6 +46,9 @@ class ChangeFeed:
             }
         )
 
+    def close(self) -> None:
+        close_producer(self.producer)
+
     def publish(self, events: Iterable[ChangeEvent], timeout_s: float = 60) -> int:
         return self.send(events)(timeout_s)
 
@@ -75,3 +78,14 @@ class ChangeFeed:
                 )
             return count
         return wait
+
+
+def close_producer(producer: Producer) -> None:
+    """Stop `producer`'s threads and connections, dropping what it has not delivered (a
+    batch waits for its deliveries: one that did not failed, and its replay sends again).
+    Closing a closed producer does nothing."""
+    try:
+        producer.purge()
+    except RuntimeError:  # closed already
+        return
+    producer.close()

@@ -91,6 +91,13 @@ class DeltaSink:
         # the deletion-vector writer's state (maintain calls compact: reentrant).
         self._lock = threading.RLock()
 
+    @_one_at_a_time
+    def close(self) -> None:
+        """Forget the table's state kept in memory (its snapshot, its files and keys); a
+        later use, by maintenance still running on the table, reads it again."""
+        self._table = None
+        self._vectors = DeletionVectorMerge(self.path, self.view.key)
+
     def _load(self) -> DeltaTable:
         if self._table is None:
             self._table = DeltaTable(self.path)

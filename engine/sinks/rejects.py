@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaException, Producer
 
+from engine.sinks.changefeed import close_producer
+
 
 def split_keyless(rows: Sequence[Mapping[str, Any]], key: Sequence[str]
                   ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
@@ -41,6 +43,11 @@ class Rejects:
             self._producer = Producer({"bootstrap.servers": self.bootstrap,
                                        "enable.idempotence": True})
         return self._producer
+
+    def close(self) -> None:
+        if self._producer is not None:
+            close_producer(self._producer)
+            self._producer = None
 
     def publish(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
                 timeout_s: float = 60) -> None:
