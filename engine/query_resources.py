@@ -65,9 +65,15 @@ def held(kind: type[T]) -> list[T]:
 def release_stopped() -> None:
     """Close the resources of every query that is no longer active, once each."""
     with _LOCK:
-        stopped = [(q, r) for q, r in _HELD if not _active(q)]
-        _HELD[:] = [(q, r) for q, r in _HELD if all(q is not s for s, _ in stopped)]
-    for _, resource in stopped:
+        running: list[tuple[Query, Closeable]] = []
+        stopped: list[Closeable] = []
+        for query, resource in _HELD:
+            if _active(query):
+                running.append((query, resource))
+            else:
+                stopped.append(resource)
+        _HELD[:] = running
+    for resource in stopped:
         try:
             resource.close()
         except Exception:  # noqa: BLE001 - one resource failing to close leaves the others
