@@ -94,7 +94,8 @@ class DeltaSink:
     @_one_at_a_time
     def close(self) -> None:
         """Forget the table's state kept in memory (its snapshot, its files and keys); a
-        later use, by maintenance still running on the table, reads it again."""
+        later use reads it again. Waits for an operation running on the sink (maintenance
+        in its thread), as the table's next MERGE would."""
         self._table = None
         self._vectors = DeletionVectorMerge(self.path, self.view.key)
 
