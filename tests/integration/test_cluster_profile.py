@@ -49,7 +49,7 @@ from viewgate.stack.redis_cluster import RedisClusterServers
 from viewgate.stack.s3proxy import S3ProxyServer
 from viewgate.stack.spark_standalone import SparkStandalone
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 PREFIX = "cprofile"
 VIEWS = ("Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales")
