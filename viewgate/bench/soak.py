@@ -377,7 +377,7 @@ def sample_engine_storage(settings: Settings, catalog: Any, interval_s: float,
 
     Paced by the clock, not by a pause after each sample: a sample reads every view's Delta
     log, and with a pause of `interval_s` after each one a 15-second soak on a loaded host
-    got 9 samples a second apart instead of 15."""
+    got 9 samples instead of 15."""
     client = connect_redis(settings.redis_url)
     held: list[tuple[float, dict[str, float]]] = []
     due = time.monotonic()
