@@ -40,10 +40,12 @@ DELETED = "_deleted"
 
 def ensure_table(session: SparkSession, path: str, schema: StructType) -> None:
     """Create the table with the change data feed on, if it does not exist yet."""
-    if "://" not in path and DeltaTable.is_deltatable(path) and (
+    if DeltaTable.is_deltatable(path) and (
             [f.name for f in DeltaTable(path).schema().fields] == schema.fieldNames()):
         # Already there, with these columns: a restart skips Spark's builder, which
         # loads the table's snapshot with Spark jobs (seconds per view on a cold JVM).
+        # On object storage too: delta-rs reads s3a:// with the variables
+        # export_s3_environment set, as the engine's MERGEs do.
         return
     (
         SparkDeltaTable.createIfNotExists(session)
