@@ -41,7 +41,7 @@ from engine.sinks.key_index import KeyIndex, encode_keys
 from engine.sinks.rows_table import rows_table
 from schema.arrow_rows import arrow_rows
 from schema.delta_read import plain_schema
-from schema.object_store import filesystem, read_bytes
+from schema.object_store import filesystem, is_remote, read_bytes
 from schema.storage import key_of
 
 _STRING_STATS_MAX = 32  # as delta-spark: longer strings get no min/max here
@@ -99,27 +99,28 @@ class DeletionVectorMerge:
 
         now = int(time.time() * 1000)
         actions: list[dict[str, Any]] = [dict(a) for a in header]
-        written: list[str] = []  # the files this commit adds, relative to the root
+        # The files this commit adds (name relative to the root -> bytes), written at once.
+        files: dict[str, Any] = {}
         new_file = None
         if upserts.num_rows:
             new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            written.append(new_file)
-            actions.append({"add": {**self._write(new_file, upserts), "modificationTime": now,
-                                    "dataChange": True, "stats": _stats(upserts)}})
+            actions.append({"add": {**_encode(new_file, upserts, files),
+                                    "modificationTime": now, "dataChange": True,
+                                    "stats": _stats(upserts)}})
         # Only with updates or deletes: readers take an insert-only commit's adds as inserts.
         if live and config.get("delta.enableChangeDataFeed") == "true":
             changes = self._changes(schema, upserts, upsert_keys, gone, gone_keys, live,
                                     previous)
             name = f"_change_data/cdc-{uuid.uuid4()}.c000.snappy.parquet"
-            written.append(name)
-            actions.append({"cdc": {**self._write(name, changes), "dataChange": False}})
+            actions.append({"cdc": {**_encode(name, changes, files), "dataChange": False}})
         vectors = {path: self._deleted(path) | rows for path, rows in marked.items()}
-        actions += self._mark(vectors, written)
+        actions += self._mark(vectors, files)
+        self._upload(files)
         version = self.files.version + 1
         try:
             ready()
         except BaseException:
-            self._delete(written)  # no commit: its files would be nobody's
+            self._delete(list(files))  # no commit: its files would be nobody's
             raise
         commit(self.root, version, actions)
 
@@ -150,19 +151,16 @@ class DeletionVectorMerge:
                     live[key] = (path, position)
         return marked, live
 
-    def _mark(self, vectors: Mapping[str, BitMap], written: list[str]
+    def _mark(self, vectors: Mapping[str, BitMap], files: dict[str, Any]
               ) -> list[dict[str, Any]]:
         """The actions that give each file its new deletion vector: the file removed with
         its old vector, added again with the new one, all new vectors in one vector file
-        (engine.sinks.deletion_vectors), whose name is added to `written`."""
+        (engine.sinks.deletion_vectors), which is added to `files` (to write)."""
         if not vectors:
             return []
         file_id = uuid.uuid4()
         data, places = dv.vector_file(list(vectors.values()))
-        fs, path = filesystem(f"{self.root}/{dv.file_name(file_id)}")
-        with fs.open_output_stream(path) as out:
-            out.write(data)
-        written.append(dv.file_name(file_id))
+        files[dv.file_name(file_id)] = data
         actions: list[dict[str, Any]] = []
         for (path, rows), (offset, size) in zip(vectors.items(), places, strict=True):
             old = self.files.files[path]
@@ -186,13 +184,15 @@ class DeletionVectorMerge:
             fs, path = filesystem(f"{self.root}/{name}")
             fs.delete_file(path)
 
-    def _write(self, name: str, data: pa.Table) -> dict[str, Any]:
-        """Write a Parquet file into the table's folder: the add (or cdc) action's fields."""
-        fs, path = filesystem(f"{self.root}/{name}")
-        if "/" in name:
-            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        pq.write_table(data, path, filesystem=fs, compression="snappy")
-        return {"path": name, "partitionValues": {}, "size": fs.get_file_info(path).size}
+    def _upload(self, files: Mapping[str, Any]) -> None:
+        """Write a commit's files (name relative to the root -> bytes) into the table's
+        folder, one request each on object storage: a bucket has no folders to make."""
+        for name, data in files.items():
+            fs, path = filesystem(f"{self.root}/{name}")
+            if "/" in name and not is_remote(self.root):
+                fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            with fs.open_output_stream(path, compression=None) as out:
+                out.write(data)
 
     def _changes(self, schema: pa.Schema, upserts: pa.Table, upsert_keys: np.ndarray,
                  gone: pa.Table, gone_keys: np.ndarray, live: Mapping[Any, tuple[str, int]],
@@ -309,11 +309,13 @@ class DeletionVectorMerge:
                 remove["deletionVector"] = old["deletionVector"]
             actions.append({"remove": remove})
         added: list[tuple[str, np.ndarray]] = []
+        files: dict[str, Any] = {}
         for piece in self._pieces(rows, chosen, target_bytes):
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            actions.append({"add": {**self._write(name, piece), "modificationTime": now,
+            actions.append({"add": {**_encode(name, piece, files), "modificationTime": now,
                                     "dataChange": False, "stats": _stats(piece)}})
             added.append((name, encode_keys(piece, self.key)))
+        self._upload(files)
         version = self.files.version + 1
         commit(self.root, version, actions)
 
@@ -399,6 +401,15 @@ class DeletionVectorMerge:
         self._released = {n: t for n, t in self._released.items()
                           if n in present and n not in deleted}
         return deleted
+
+
+def _encode(name: str, data: pa.Table, files: dict[str, Any]) -> dict[str, Any]:
+    """A Parquet file of `data`, encoded in memory into `files` under `name` (to write):
+    its add (or cdc) action's fields. Its size is known without asking the store."""
+    buffer = pa.BufferOutputStream()
+    pq.write_table(data, buffer, compression="snappy")
+    files[name] = buffer.getvalue()
+    return {"path": name, "partitionValues": {}, "size": files[name].size}
 
 
 def _row_count(add: Mapping[str, Any]) -> int:

@@ -50,3 +50,21 @@ def test_a_new_file_is_written_once(tmp_path):
     assert read_bytes(path) == b"first"
     assert [p.name for p in (tmp_path / "_delta_log").iterdir()] == [
         "00000000000000000001.json"]  # no temporary file left behind
+
+
+def test_a_bucket_s_filesystem_is_kept_while_the_environment_holds(monkeypatch):
+    """One pyarrow filesystem per bucket and AWS environment: a new one per call opened a
+    new connection for every request. Pointed elsewhere, the process gets a new one."""
+    from schema.object_store import filesystem
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")  # no region lookup: nothing is reached
+    first, path = filesystem("s3a://bucket/delta/Order/g0/_delta_log/0.json")
+    assert path == "bucket/delta/Order/g0/_delta_log/0.json"
+    again, _ = filesystem("s3://bucket/checkpoints/x")
+    assert again is first
+    other_bucket, other_path = filesystem("s3a://other/y")
+    assert other_bucket is not first and other_path == "other/y"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:2")
+    elsewhere, _ = filesystem("s3a://bucket/delta/Order/g0/_delta_log/0.json")
+    assert elsewhere is not first
