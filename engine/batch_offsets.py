@@ -40,6 +40,24 @@ def read_batch_offsets(checkpoint: str, batch_id: int) -> BatchOffsets | None:
     return BatchOffsets(offsets, watermark)
 
 
+def read_initial_offsets(checkpoint: str) -> dict[str, dict[str, int]] | None:
+    """Where the query's first batch starts (topic -> partition -> offset): the offsets the
+    Kafka source resolved `startingOffsets` to and wrote ahead of that batch
+    (`sources/0/0`: a zero byte, `v1`, the offsets' JSON). None when the checkpoint lacks
+    them or holds no plain offsets there."""
+    text = read_text(f"{checkpoint.rstrip('/')}/sources/0/0")
+    if text is None:
+        return None
+    lines = text.lstrip("\0").splitlines()
+    if len(lines) < 2 or lines[0] != "v1":
+        return None
+    offsets = json.loads(lines[1])
+    if not all(isinstance(o, int) and o >= 0 for parts in offsets.values()
+               for o in parts.values()):
+        return None  # Spark's markers for "earliest" and "latest" (-2, -1), not offsets
+    return offsets
+
+
 def records_between(previous: dict[str, dict[str, int]] | None,
                     ends: dict[str, dict[str, int]]) -> int | None:
     """How many Kafka records a batch covers: its end offsets less the previous batch's

@@ -4,7 +4,8 @@ batch ahead by a process of their own (engine.read_ahead, which reads with this 
 Spark reads a batch in a job of its own, and a job costs about 110 ms on this project's
 two cores whatever its size (docs/engine-plan.md): of a live batch's 500 records' read
 (126 ms at the median), nearly all. The driver knows the batch's records without that job:
-they are the offsets from the previous batch's end to this batch's end, both in the query's
+they are the offsets from the previous batch's end (for a query's first batch, where its
+source's starting offsets were resolved to) to this batch's end, all in the query's
 checkpoint (engine.batch_offsets), which Spark wrote ahead of the batch. So for a batch of
 up to `engine_driver_fetch_max_records` records those offsets are fetched with a Kafka
 consumer and each record is classified as engine.sources does in Spark.

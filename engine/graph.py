@@ -56,7 +56,7 @@ from engine.aggregates import (
 )
 from engine.analysis import dependency_order
 from engine.analyzer import analysed, struct_of
-from engine.batch_offsets import read_batch_offsets, records_between
+from engine.batch_offsets import read_batch_offsets, read_initial_offsets, records_between
 from engine.batch_records import SourceRecords, take_rows, take_table
 from engine.collector import keep_collector_out_of_batches
 from engine.commit import IN_FLIGHT, Pending, ViewCommitter, offsets_fields
@@ -518,7 +518,8 @@ class GraphBatch:
     def _starts(self, batch_id: int, ends: dict[str, dict[str, int]] | None
                 ) -> dict[str, dict[str, int]] | None:
         """Where the batch's records start: the previous batch's end offsets (kept from it,
-        or read from the checkpoint); None for the first batch."""
+        or read from the checkpoint), or for the first batch the source's starting offsets;
+        None when the checkpoint has neither."""
         if ends is None:
             return None
         previous = None
@@ -527,6 +528,11 @@ class GraphBatch:
         elif batch_id > 0 and self.checkpoint:
             covered = read_batch_offsets(self.checkpoint, batch_id - 1)
             previous = covered.offsets if covered is not None else None
+        elif self.checkpoint:
+            # The first batch starts where the source's starting offsets were resolved to,
+            # so it too is fetched without a Spark job (the first job of a new query costs
+            # seconds: the executors' Python workers and classes started cold).
+            previous = read_initial_offsets(self.checkpoint)
         self._ends = (batch_id, ends)
         return previous
 

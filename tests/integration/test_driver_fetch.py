@@ -286,3 +286,45 @@ def test_a_daemonic_process_reads_without_a_read_ahead(settings, unique):
     child.join(30)
     off = settings.model_copy(update={"engine_read_ahead": False})
     assert ReadAhead.for_settings(off, DriverFetch.for_settings(off, [_source(unique)])) is None
+
+
+def test_the_first_batch_starts_where_the_source_resolved_earliest(spark, settings, unique,
+                                                                    tmp_path):
+    """A new query's first batch is fetched by the driver too: it starts at the offsets the
+    Kafka source wrote to the checkpoint (`sources/0/0`) before that batch, here past
+    records deleted from the log's head, and the driver's fetch from there to the batch's
+    end gives the rows Spark's first batch read."""
+    from confluent_kafka import TopicPartition
+
+    from engine.batch_offsets import read_batch_offsets, read_initial_offsets
+    from engine.sources import read_kafka
+
+    topic = f"{unique}-first"
+    _topic(settings, topic, 2)
+    _produce(settings, topic, INSIDE, partition=0)
+    _produce(settings, topic, [r for r in INSIDE if r[0] is not None][:6], partition=1)
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    for done in admin.delete_records([TopicPartition(topic, 0, 3)]).values():
+        done.result(30)  # partition 0 now begins at offset 3
+    source = _source(topic)
+    checkpoint = str(tmp_path / "checkpoint")
+    batches: dict[int, list[dict]] = {}
+
+    def keep(batch, batch_id: int) -> None:
+        rows = rows_of(classify_sources(batch, [source]))
+        batches[batch_id] = sorted(rows, key=lambda r: (r["_partition"], r["_offset"]))
+
+    query = (read_kafka(spark, settings, topic).writeStream.foreachBatch(keep)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    starts = read_initial_offsets(checkpoint)
+    assert starts == {topic: {"0": 3, "1": 0}}
+    ends = read_batch_offsets(checkpoint, 0).offsets
+    fetch = DriverFetch(settings.kafka_bootstrap, [source], max_records=100)
+    try:
+        fetched = fetch.read(starts, ends)
+    finally:
+        fetch.close()
+    assert fetched is not None and len(fetched) == len(INSIDE) - 3 + 6
+    assert fetched == batches[0]
+    assert read_initial_offsets(str(tmp_path / "none")) is None

@@ -51,3 +51,33 @@ def test_the_records_a_batch_covers_from_its_offsets_and_the_previous_batchs() -
     assert records_between(None, ends) is None  # the first batch: its start is unknown
     # A partition the previous batch did not have (a topic grew one): unknown too.
     assert records_between(previous, {**ends, "shop.customers": {"0": 9, "1": 3}}) is None
+
+
+def test_where_the_first_batch_starts(tmp_path: Path) -> None:
+    """The Kafka source's starting offsets as it wrote them (a zero byte, the version, the
+    offsets); Spark's markers for earliest and latest are not offsets."""
+    from engine.batch_offsets import read_initial_offsets
+
+    written = tmp_path / "sources" / "0" / "0"
+    written.parent.mkdir(parents=True)
+    written.write_text('\0v1\n{"shop.orders":{"0":12,"1":0},"shop.customers":{"0":4}}')
+    assert read_initial_offsets(str(tmp_path)) == {
+        "shop.orders": {"0": 12, "1": 0}, "shop.customers": {"0": 4}}
+    written.write_text('\0v1\n{"shop.orders":{"0":-2,"1":0}}')
+    assert read_initial_offsets(str(tmp_path)) is None
+    assert read_initial_offsets(str(tmp_path / "elsewhere")) is None
+
+
+def test_the_graph_s_first_batch_starts_at_the_source_s_starting_offsets(tmp_path: Path) -> None:
+    """So that the driver fetches it (engine.driver_fetch) instead of a Spark job."""
+    from types import SimpleNamespace
+
+    from engine.graph import GraphBatch
+
+    written = tmp_path / "sources" / "0" / "0"
+    written.parent.mkdir(parents=True)
+    written.write_text('\0v1\n{"shop.orders":{"0":12,"1":0}}')
+    batch = SimpleNamespace(checkpoint=str(tmp_path), _ends=None)
+    ends = {"shop.orders": {"0": 20, "1": 5}}
+    assert GraphBatch._starts(batch, 0, ends) == {"shop.orders": {"0": 12, "1": 0}}
+    assert GraphBatch._starts(batch, 1, {"shop.orders": {"0": 25, "1": 5}}) == ends
