@@ -131,6 +131,30 @@ def test_throughput_leaves_out_a_last_batch_of_leftovers():
     assert result["input_events"] == 3010
 
 
+def test_a_first_batch_the_driver_fetched_is_counted_from_the_checkpoint(tmp_path):
+    """Spark's progress names no start for a query's first batch, and counts no rows of a
+    batch the graph's driver fetched itself: its start comes from the checkpoint."""
+    from viewgate.bench.engine import with_first_start
+
+    def ends(first: int) -> str:
+        return json.dumps({"orders": {"0": first, "1": first - 200}})
+
+    def fetched(batch_id: int, start: str | None, end: str) -> dict:
+        return {**_progress(batch_id, 0, 1_000),
+                "sources": [{"startOffset": start, "endOffset": end}]}
+
+    progress = [fetched(0, None, ends(1100)), fetched(1, ends(1100), ends(2100)),
+                fetched(2, ends(2100), ends(3100))]
+    assert throughput(progress)["input_events"] == 4000  # the first batch's 2,000 missed
+    (tmp_path / "sources" / "0").mkdir(parents=True)
+    # The topic's head was gone: the query started at offsets 100.
+    (tmp_path / "sources" / "0" / "0").write_text('\0v1\n{"orders": {"0": 100, "1": 100}}')
+    result = throughput(with_first_start(progress, str(tmp_path)))
+    assert result["input_events"] == (1000 + 800) + 4000
+    assert result["batches"] == 2  # the first is the warm-up, as when Spark read it
+    assert with_first_start(progress, str(tmp_path / "none")) == progress
+
+
 def test_throughput_needs_batches_after_the_warm_up():
     with pytest.raises(BenchError, match="batch"):
         throughput([_progress(0, 1000, 1000)])

@@ -38,6 +38,7 @@ from viewgate.bench.engine import (
     _verify,
     catalog_on_topics,
     throughput,
+    with_first_start,
 )
 from viewgate.bench.group import BenchContext, BenchError, Group, GroupResult
 from viewgate.bench.load import cpu_seconds
@@ -191,7 +192,7 @@ class CpuSampler:
 
 def _graph_run(ctx: BenchContext, spark: Any, name: str, catalog: Any, events: int,
                placed: int, worker_pids: list[int], **updates: Any) -> dict[str, Any]:
-    from engine.graph import start_graph_query
+    from engine.graph import graph_checkpoint, graph_generation, start_graph_query
     from engine.runner import prepare
 
     settings = ctx.isolated(name, max_offsets_per_trigger=ctx.sizes.engine_batch, **updates)
@@ -201,7 +202,8 @@ def _graph_run(ctx: BenchContext, spark: Any, name: str, catalog: Any, events: i
     with sampler.running():
         query = start_graph_query(spark, settings, catalog, generations, schemas,
                                   available_now=True)
-        progress = _run_to_end(query, events / 1_000 + 300)
+        progress = with_first_start(_run_to_end(query, events / 1_000 + 300), graph_checkpoint(
+            settings, graph_generation(generations, catalog)))
     seconds = time.monotonic() - started
     result = throughput(progress)
     if result["input_events"] != events:
