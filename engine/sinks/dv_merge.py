@@ -99,7 +99,8 @@ class DeletionVectorMerge:
 
         now = int(time.time() * 1000)
         actions: list[dict[str, Any]] = [dict(a) for a in header]
-        # The files this commit adds (name relative to the root -> bytes), written at once.
+        # The files this commit adds (name relative to the root -> bytes), all written
+        # once encoded, before the log entry that names them.
         files: dict[str, Any] = {}
         new_file = None
         if upserts.num_rows:
