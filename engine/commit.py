@@ -24,6 +24,7 @@ from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import Before, RedisSink
 from engine.sinks.rejects import Rejects, split_keyless
+from engine.task_upsert import TaskUpsert, events_of
 from schema.catalog import View, graphql_fields
 from schema.settings import Settings
 from schema.storage import (
@@ -38,6 +39,7 @@ from schema.storage import (
     delta_app_id,
     delta_table_path,
     encode_row,
+    join_writes,
     key_of,
     outbox_value,
     parse_key,
@@ -66,6 +68,9 @@ class Pending:
     old_rows: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     extra_ops: Sequence[Op] = ()
     applied: bool = False  # Redis holds the batch (applied now, or by an earlier attempt)
+    # The Redis writes built already (by Spark's tasks, engine.task_upsert), as the apply
+    # script's JSON: then redis_upserts, redis_deletes and old_rows are empty.
+    built_writes: bytes | None = None
 
     def new_rows(self) -> dict[str, Mapping[str, Any] | None]:
         """Key text -> the row as this batch leaves it (None: deleted), for every key whose
@@ -233,6 +238,24 @@ class ViewCommitter:
             redis_deletes=deletes | {k for k, r in stale.items() if r is None},
             old_rows=old_rows, extra_ops=extra_ops)
 
+    def prepared_by_tasks(self, batch_id: int, shares: Sequence[TaskUpsert], now_ms: int,
+                          covers: Mapping[str, Any]) -> Pending | None:
+        """The batch as Spark's tasks computed it (an upsert view, engine.task_upsert), one
+        share a task, joined into one apply; None when a task handed the view back or two
+        tasks wrote one key (a key's records in two tasks): then the caller computes it.
+        `now_ms`: the commit time the tasks gave the events; `covers` as for prepare."""
+        if not all(share.ok for share in shares):
+            return None
+        events = events_of([e for share in shares for e in share.events], self.view.name)
+        if len({e.key for e in events}) < len(events):
+            return None
+        fields: dict[str, Any] = {"committed_at_ms": now_ms, **covers}
+        # Rows in JSON form (as a replay's), which Delta's MERGE takes as they are.
+        rows = [e.row for e in events if e.row is not None]
+        deleted = [{self.delete_on[0]: e.key} for e in events if e.row is None]
+        return Pending(batch_id, events, rows, deleted, fields,
+                       built_writes=join_writes(share.writes for share in shares))
+
     def stored(self, batch_id: int) -> Pending:
         """The batch as Redis already holds it (a replay after a crash past the Redis
         apply): the outbox's events, the same rows for Delta; nothing to write to Redis.
@@ -250,7 +273,7 @@ class ViewCommitter:
                 "upserts": pending.redis_upserts, "deletes": pending.redis_deletes,
                 "meta": pending.meta, "old_rows": pending.old_rows,
                 "outbox": outbox_value(pending.batch_id, pending.events),
-                "extra_ops": pending.extra_ops}
+                "extra_ops": pending.extra_ops, "writes": pending.built_writes}
 
     def queue_apply(self, pending: Pending, pipe: Any) -> None:
         """Queue the batch's fenced Redis apply on `pipe` (a pipeline of the graph's one

@@ -84,6 +84,7 @@ from engine.metrics import (
     observe_graph_steps,
     observe_rows_changed,
     observe_stream,
+    observe_view_by_tasks,
 )
 from engine.projected_join import ProjectedJoin
 from engine.query_resources import held, release_stopped, start_holding
@@ -104,6 +105,7 @@ from engine.stream_aggregates import (
     StreamBatch,
 )
 from engine.task_read import TaskRead, TopicLayout
+from engine.task_upsert import TaskUpsert, UpsertInTask
 from engine.threads import started_threads
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
@@ -119,6 +121,7 @@ from schema.storage import (
     REPLAYED,
     RETIRED,
     Op,
+    complete_field,
     delta_app_id,
     delta_table_path,
     fence_field,
@@ -171,6 +174,8 @@ class _Read:
     records: dict[str, SourceRecords]
     partials: dict[str, list[Partial]] = field(default_factory=dict)
     seen: dict[str, Seen] = field(default_factory=dict)
+    # The upsert views Spark's tasks computed (engine.task_upsert), ready to commit.
+    prepared: dict[str, Pending] = field(default_factory=dict)
 
 
 class GraphBatch:
@@ -258,7 +263,9 @@ class GraphBatch:
         self._layout = self._value_layout()
         # The read in Spark's tasks when every stream aggregate is evaluated without Spark
         # (engine.task_read); else the batch's records all come to the driver.
-        self.task_read = (TaskRead(list(self.streams.values()), schemas)
+        # The tasks also compute the upsert views that pick columns of their source.
+        self.task_read = (TaskRead(list(self.streams.values()), schemas,
+                                   self._upserts_in_tasks(settings, generations))
                           if settings.engine_task_read
                           and all(s.in_driver is not None for s in self.streams.values())
                           else None)
@@ -271,6 +278,9 @@ class GraphBatch:
             ReadAhead.for_settings(settings, fetch) or fetch)
         # The last batch's id and end offsets: where the next one's records start.
         self._ends: tuple[int, dict[str, dict[str, int]]] | None = None
+        # The views Redis holds whole at the previous batch (_held): the tasks compute
+        # those of them they can (engine.task_upsert); the driver computes the others.
+        self._current: set[str] = set()
         if self.task_read:
             log.info("a batch of %d Kafka records or more is folded by Spark's tasks",
                      self.task_read_min_records)
@@ -278,6 +288,22 @@ class GraphBatch:
             s.name: DeadLetterWriter(settings.kafka_bootstrap, settings.redis_url, catalog, s,
                                      fence=f"{s.name}/graph{self.generation}")
             for s in self.sources} if dead_letters else {}
+
+    def _upserts_in_tasks(self, settings: Settings, generations: Mapping[str, int]
+                          ) -> list[tuple[str, UpsertInTask]]:
+        """(topic, view) of the upsert views Spark's tasks can compute: those whose SQL
+        picks columns of their source (self.projections)."""
+        found = []
+        for view in self.views:
+            columns = self.projections.get(view.name)
+            if columns is None:
+                continue
+            source = self.catalog.sources[view.source]
+            found.append((source.topic, UpsertInTask(
+                view.name, generations[view.name], view.key, source.key,
+                tuple(columns.items()), self.committers[view.name].redis.writes,
+                settings.redis_url)))
+        return found
 
     def close(self) -> None:
         """Release what the batch function holds beside its query, once the query has
@@ -317,7 +343,7 @@ class GraphBatch:
             by_tasks = not by_fetch and self._by_tasks(starts, ends)
             read = self._read(batch, {n: self._seen(self.committers[n])
                                       for n in self.streams if n not in held},
-                              by_tasks, fetched)
+                              by_tasks, fetched, batch_id, held, covers)
             observe_graph_read("fetch" if by_fetch else "tasks" if by_tasks else "spark")
             for name, writer in self.dead_letters.items():
                 writer.publish(read.records[name].bad, batch_id)
@@ -420,17 +446,23 @@ class GraphBatch:
 
     def _held(self, batch_id: int) -> set[str] | None:
         """The views whose Redis holds `batch_id` already (a replay after a crash past
-        their apply), in one round trip; None if a rebuild retired the graph's generation."""
+        their apply), in one round trip; None if a rebuild retired the graph's generation.
+        Also notes which views Redis holds whole at the previous batch (self._current):
+        only theirs can Spark's tasks compute (engine.task_upsert)."""
         pipe = self.redis.pipeline(transaction=False)
         for view in self.views:
             generation = self.committers[view.name].generation
-            pipe.hmget(meta_key(view.name), fence_field(generation), "generation")
+            pipe.hmget(meta_key(view.name), fence_field(generation), "generation",
+                       complete_field(generation))
         held = set()
-        for view, (fence, live) in zip(self.views, pipe.execute(), strict=True):
+        self._current = set()
+        for view, (fence, live, complete) in zip(self.views, pipe.execute(), strict=True):
             if live is not None and int(live) > self.committers[view.name].generation:
                 return None
             if fence is not None and int(fence) >= batch_id:
                 held.add(view.name)
+            if fence is not None and int(fence) == batch_id - 1 and complete is not None:
+                self._current.add(view.name)
         return held
 
     def _compute(self, view: View, read: _Read, covers: Mapping[str, Any],
@@ -444,7 +476,11 @@ class GraphBatch:
         if view.name in held:
             return committer.stored(batch_id)
         started = time.perf_counter()
-        if view.kind is ViewKind.UPSERT:
+        if view.name in read.prepared:  # computed by Spark's tasks (engine.task_upsert)
+            IN_FLIGHT[view.name] = batch_id
+            prepared = read.prepared[view.name]
+            self.timings[f"{view.name}_in_tasks"] = 1.0
+        elif view.kind is ViewKind.UPSERT:
             rows, deleted = self._upsert(view, read.records[view.source].latest)
             prepared = committer.prepare(batch_id, rows, deleted, covers=covers)
         elif view.kind in STREAM_KINDS:
@@ -550,32 +586,70 @@ class GraphBatch:
         return count is None or count >= self.task_read_min_records
 
     def _read(self, batch: DataFrame, seen: Mapping[str, Seen], by_tasks: bool,
-              fetched: list[dict[str, Any]] | None = None) -> _Read:
+              fetched: list[dict[str, Any]] | None = None, batch_id: int = 0,
+              held: set[str] = frozenset(), covers: Mapping[str, Any] | None = None
+              ) -> _Read:
         """The batch's records per source: `fetched` by the driver (engine.driver_fetch),
-        or in one Spark job, folded by its tasks (engine.task_read) or all of them
-        collected. `batch`: the Kafka records as they are, parsed here only when Spark
-        reads them (engine.sources.classify_sources; building its columns takes dozens
-        of py4j calls). `seen`: the stream aggregates' meta before the batch."""
+        or in one Spark job, folded by its tasks (engine.task_read, which also compute the
+        upsert views of `self.task_read` not `held`, as batch `batch_id` covering
+        `covers`) or all of them collected. `batch`: the Kafka records as they are,
+        parsed here only when Spark reads them (engine.sources.classify_sources; building
+        its columns takes dozens of py4j calls). `seen`: the stream aggregates' meta
+        before the batch."""
         records = {s.name: SourceRecords({}, []) for s in self.sources}
         by_topic = {topic: (records[layout.source], layout, stream)
                     for topic, (layout, stream) in self._layout.items()}
-        partials: dict[str, list[Partial]] = {}
         if fetched is not None:
             take_rows(fetched, by_topic)
-            return _Read(records, partials, dict(seen))
+            return _Read(records, {}, dict(seen))
         batch = classify_sources(batch, self.sources)
         if by_tasks and self.task_read is not None:
-            folded = self.task_read.fold(batch, {t: layout for t, (layout, _) in
-                                                 self._layout.items()},
-                                         {n: s.max_event_time for n, s in seen.items()})
-            take_rows(folded.records, by_topic, by_tasks=True)
-            partials = folded.partials
-        else:
-            try:
-                take_table(batch.toArrow(), by_topic)
-            except UnicodeDecodeError:  # a Kafka key of raw bytes: Spark's rows decode it
-                take_rows(spark_rows(batch), by_topic)
-        return _Read(records, partials, dict(seen))
+            in_tasks = {u.view for _, u in self.task_read.upserts}
+            now_ms = int(time.time() * 1000)
+            folded = self.task_read.fold(
+                batch, {t: layout for t, (layout, _) in self._layout.items()},
+                {n: s.max_event_time for n, s in seen.items()}, batch_id, now_ms,
+                [v.name for v in self.views if v.name in self._current],
+                # The last records of the upsert views the driver computes.
+                {self.catalog.sources[v.source].topic for v in self.views
+                 if v.kind is ViewKind.UPSERT and v.name not in held
+                 and (v.name not in in_tasks or v.name not in self._current)})
+            prepared = self._prepared_by_tasks(batch_id, folded.upserts, now_ms, covers or {})
+            rows = None
+            if prepared is not None:
+                try:
+                    rows = folded.records
+                except UnicodeDecodeError:  # a text not UTF-8: Spark's rows decode it (below)
+                    pass
+            for name in folded.upserts:
+                observe_view_by_tasks(name, rows is not None)
+            if rows is not None:
+                take_rows(rows, by_topic, by_tasks=True)
+                return _Read(records, folded.partials, dict(seen), prepared or {})
+            # A task handed a view back, and the others kept its records, or a record holds
+            # a text that is not UTF-8: the batch is read again, all of it into the driver
+            # (a second Spark job; rare: a row without a key, a key's records in two tasks).
+        try:
+            take_table(batch.toArrow(), by_topic)
+        except UnicodeDecodeError:  # a Kafka key of raw bytes: Spark's rows decode it
+            take_rows(spark_rows(batch), by_topic)
+        return _Read(records, {}, dict(seen))
+
+    def _prepared_by_tasks(self, batch_id: int, upserts: Mapping[str, list[TaskUpsert]],
+                           now_ms: int, covers: Mapping[str, Any]) -> dict[str, Pending] | None:
+        """The upsert views the tasks computed, ready to commit; None when a task handed one
+        back (then the driver computes them all from the batch's records)."""
+        prepared = {name: self.committers[name].prepared_by_tasks(batch_id, shares, now_ms,
+                                                                   covers)
+                    for name, shares in upserts.items()}
+        handed = sorted(name for name, found in prepared.items() if found is None)
+        if handed:
+            log.debug("batch %d: %s handed back by a task: the driver computes the upsert "
+                      "views", batch_id, ", ".join(handed), extra={"batch_id": batch_id})
+            return None
+        log.debug("batch %d: %s computed by Spark's tasks", batch_id, ", ".join(prepared),
+                  extra={"batch_id": batch_id})
+        return {name: found for name, found in prepared.items() if found is not None}
 
     def _value_layout(self) -> dict[str, tuple[TopicLayout, bool]]:
         """Per topic: where its records are in the parsed batch

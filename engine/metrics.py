@@ -55,6 +55,11 @@ GRAPH_READS = Counter("viewgate_graph_batch_reads",
                       "View graph batches by how their records were read: `fetch` (by the "
                       "driver from Kafka, no Spark job), `spark` (a Spark job collected into "
                       "the driver) or `tasks` (folded by Spark's tasks).", ["path"])
+VIEWS_BY_TASKS = Counter("viewgate_graph_views_by_tasks",
+                         "Upsert views of a batch read by Spark's tasks, by who computed them: "
+                         "`tasks` (engine.task_upsert) or `driver` (a task handed the view "
+                         "back: Redis not at the previous batch, a row without a key, ...).",
+                         ["view", "by"])
 ROWS_CHANGED = Counter("viewgate_graph_rows_changed",
                        "Rows the view graph's batches changed, each view's change events "
                        "counted: what a batch's cost should follow.", ["view"])
@@ -71,6 +76,10 @@ def observe_graph_steps(timings: Mapping[str, float]) -> None:
 
 def observe_graph_read(path: str) -> None:
     GRAPH_READS.labels(path).inc()
+
+
+def observe_view_by_tasks(view: str, by_tasks: bool) -> None:
+    VIEWS_BY_TASKS.labels(view, "tasks" if by_tasks else "driver").inc()
 
 
 def observe_rows_changed(view: str, rows: int) -> None:

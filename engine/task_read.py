@@ -1,19 +1,22 @@
 """The graph's read done by Spark's tasks: each task folds its Kafka partitions' records
-before they reach the driver (issue 16's stage A, its first step: docs/engine-plan.md).
+before they reach the driver (issue 16's stage A: docs/engine-plan.md).
 
 A task keeps, per source, the last record of each key (a key lives in one partition, in
-order), passes bad records through for the dead-letter topics, and folds the events the
-stream aggregates read into what they add (engine.stream_aggregates.Partial): for a
-throughput batch of 20,000 orders the driver receives about 13,500 records and a few
-hundred partial rows, not 20,000 records to deduplicate and aggregate itself.
+order), passes bad records through for the dead-letter topics, folds the events the
+stream aggregates read into what they add (engine.stream_aggregates.Partial), and computes
+the upsert views that pick columns of their source, ready to apply (engine.task_upsert).
+For a throughput batch of 20,000 orders the driver receives OrderRecord's Redis writes and
+change events and a few hundred partial rows, not the 13,500 last records (unless a task
+hands the view back).
 
 Off by default (the setting `engine_task_read`): on two local cores a Python task's round
 trip costs about 110 ms more a job than the driver's own collect, even for 500 records,
 and a 20,000-event batch's read took 1,104 ms against 732 while the driver's views saved
 about 170 ms (docs/engine-plan.md). It is for executors on other hosts than the driver's.
 
-Tasks write nothing and read nothing but their records, so a retried task returns the same
-answer and exactly once rests on the graph's commit as before. What a task cannot fold
+Tasks write nothing, and read only their records and (for the upsert views) the rows Redis
+holds as the previous batch left them, so a retried task returns the same answer and
+exactly once rests on the graph's commit as before. What a task cannot fold
 without Spark (a sum past BIGINT) it hands over as events, which the driver aggregates as
 it does on its own path.
 """
@@ -21,8 +24,8 @@ it does on its own path.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +33,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
     BooleanType,
     ByteType,
     LongType,
@@ -41,12 +46,13 @@ from pyspark.sql.types import (
 from engine.driver_sql import OutsideSubset
 from engine.sources import CORRUPT
 from engine.stream_aggregates import EventFold, Partial, StreamAggregate
+from engine.task_upsert import TaskUpsert, UpsertInTask
 from schema.arrow_rows import arrow_rows
 
 Row = dict[str, Any]
 
-FOLD = "_fold"  # what an output row is: one of the three below
-RECORD, PARTIAL, STATS = 0, 1, 2
+FOLD = "_fold"  # what an output row is: one of the four below
+RECORD, PARTIAL, STATS, UPSERTED = 0, 1, 2, 3
 EVENT = "_event"  # a record whose event the driver aggregates (its task could not)
 
 
@@ -60,6 +66,12 @@ def late_column(stream: int) -> str:
 
 def latest_column(stream: int) -> str:
     return f"_latest{stream}"  # its largest event time after the task (the STATS row)
+
+
+def upsert_columns(view: int) -> tuple[str, str, str]:
+    """The view-th upsert view's share of the task (the UPSERTED row): whether the task
+    computed it, its Redis writes, its change events (engine.task_upsert.TaskUpsert)."""
+    return f"_up{view}_ok", f"_up{view}_writes", f"_up{view}_events"
 
 
 @dataclass(frozen=True)
@@ -85,30 +97,49 @@ class TopicLayout:
 @dataclass(frozen=True)
 class Folded:
     """What the tasks returned: the records (the last per key, the bad ones, the events
-    left to the driver, each flagged EVENT) as Python rows in the batch's order, and per
-    stream aggregate what its events added."""
+    left to the driver, each flagged EVENT) in the batch's order, per stream aggregate what
+    its events added, and per upsert view each task's share (engine.task_upsert)."""
 
-    records: list[Row]
+    table: pa.Table  # the records, with the batch's columns and EVENT
     partials: dict[str, list[Partial]]
+    upserts: dict[str, list[TaskUpsert]] = field(default_factory=dict)
+
+    @property
+    def records(self) -> list[Row]:
+        """The records as Python rows."""
+        try:
+            return arrow_rows(self.table)
+        except UnicodeDecodeError:  # a Kafka key of raw bytes: decoded leniently, as Spark's
+            return arrow_rows(_lenient_keys(self.table))  # rows do on the driver's own path
 
 
 class TaskRead:
     """The graph query's read in Spark's tasks, for `streams` (the graph's stream
     aggregates, each evaluated without Spark)."""
 
-    def __init__(self, streams: Sequence[StreamAggregate], view_schemas: Mapping[str, StructType]
-                 ) -> None:
+    def __init__(self, streams: Sequence[StreamAggregate], view_schemas: Mapping[str, StructType],
+                 upserts: Sequence[tuple[str, UpsertInTask]] = ()) -> None:
+        """`upserts`: (topic, view) of the upsert views the tasks compute
+        (engine.task_upsert)."""
         self.streams = list(streams)
         self.view_schemas = view_schemas
+        self.upserts = list(upserts)
 
     def fold(self, batch: DataFrame, layout: Mapping[str, TopicLayout],
-             seen: Mapping[str, datetime.datetime | None]) -> Folded:
+             seen: Mapping[str, datetime.datetime | None], batch_id: int = 0,
+             now_ms: int = 0, upserts: Sequence[str] | None = None,
+             needed: Collection[str] = ()) -> Folded:
         """Run the batch's read as tasks and collect what they folded. `seen`: each stream
-        aggregate's largest event time before the batch (its watermark's base)."""
+        aggregate's largest event time before the batch (its watermark's base). `upserts`:
+        the upsert views to compute in the tasks (default: all), as batch `batch_id`
+        committed at `now_ms`; `needed`: the topics whose last records the driver needs
+        even so (an upsert view it computes reads them)."""
         schema = self.output_schema(batch.schema)
         fold = TaskFold(layout, [(s.source.topic, s.fold, seen.get(s.view.name))
                                  for s in self.streams],
-                        to_arrow_schema(schema, timezone="UTC"))
+                        to_arrow_schema(schema, timezone="UTC"),
+                        [(t, u, upserts is None or u.view in upserts) for t, u in self.upserts],
+                        batch_id, now_ms, needed)
         return self.collected(batch.mapInArrow(fold, schema).toArrow(), len(batch.columns))
 
     def output_schema(self, batch: StructType) -> StructType:
@@ -120,6 +151,11 @@ class TaskRead:
                                    True),
                        StructField(late_column(i), LongType(), True),
                        StructField(latest_column(i), TimestampType(), True)]
+        for i in range(len(self.upserts)):
+            ok, writes, events = upsert_columns(i)
+            fields += [StructField(ok, BooleanType(), True),
+                       StructField(writes, BinaryType(), True),
+                       StructField(events, ArrayType(BinaryType(), False), True)]
         return StructType(fields)
 
     def collected(self, table: pa.Table, inputs: int) -> Folded:
@@ -140,11 +176,16 @@ class TaskRead:
             if parts:
                 parts[0].rows = [r[agg_column(i)] for r in rows]
             partials[stream.view.name] = parts
-        try:
-            rows = arrow_rows(records)
-        except UnicodeDecodeError:  # a Kafka key of raw bytes: decoded leniently, as Spark's
-            rows = arrow_rows(_lenient_keys(records))  # rows do on the driver's own path
-        return Folded(rows, partials)
+        upserts: dict[str, list[TaskUpsert]] = {}
+        shares = table.filter(pc.equal(kinds, UPSERTED))
+        for i, (_, view) in enumerate(self.upserts):
+            columns = upsert_columns(i)
+            found = [TaskUpsert(r[columns[0]], r[columns[1]], tuple(r[columns[2]]))
+                     for r in arrow_rows(shares.select(list(columns)))
+                     if r[columns[0]] is not None]
+            if found:
+                upserts[view.view] = found
+        return Folded(records, partials, upserts)
 
 
 def _lenient_keys(table: pa.Table) -> pa.Table:
@@ -166,10 +207,16 @@ class TaskFold:
 
     def __init__(self, layout: Mapping[str, TopicLayout],
                  streams: Sequence[tuple[str, EventFold, datetime.datetime | None]],
-                 schema: pa.Schema) -> None:
+                 schema: pa.Schema,
+                 upserts: Sequence[tuple[str, UpsertInTask, bool]] = (),
+                 batch_id: int = 0, now_ms: int = 0, needed: Collection[str] = ()) -> None:
         self.layout = dict(layout)
         self.streams = list(streams)  # (topic, the aggregate's fold, its largest event time)
         self.schema = schema
+        # (topic, view, whether to compute it in this batch), in the output's column order
+        self.upserts = list(upserts)
+        self.batch_id, self.now_ms = batch_id, now_ms
+        self.needed = set(needed)  # topics whose last records the driver needs
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         read = list(batches)
@@ -185,22 +232,29 @@ class TaskFold:
                       table.column("_error").is_null().to_pylist(),
                       table.column("_tombstone").to_pylist(), strict=True)
         value_keys: dict[str, list[Any]] = {}  # per topic, its values' key field
+        unkeyed: set[str] = set()  # topics with a good record produced without a key
         for i, (topic, key, good, tombstone) in enumerate(columns):
             if not good:
                 keep.append(i)
                 continue
             if key is None:  # produced without one: as engine.sources.record_key, in bytes
+                unkeyed.add(topic)
                 key = str(self._value_keys(table, topic, value_keys)[i]).encode()
             last[(topic, key)] = i
             if not tombstone and topic in events:
                 events[topic].append(i)
         partials = self._partials(table, events)
         handed = set() if partials is not None else {i for e in events.values() for i in e}
-        kept = sorted({*keep, *last.values(), *handed})
+        upserted, withheld = (self._upserted(table, last, unkeyed) if self.upserts
+                              else (None, set()))
+        kept = sorted({*keep, *(i for (topic, _), i in last.items() if topic not in withheld),
+                       *handed})
         records = table.take(pa.array(kept, pa.int64()))
         yield from self._records(records, [i in handed for i in kept]).to_batches()
         if partials is not None:
             yield from self._partial_rows(partials).to_batches()
+        if upserted is not None:
+            yield from upserted.to_batches()
 
     def _value_keys(self, table: pa.Table, topic: str, found: dict[str, list[Any]]
                     ) -> list[Any]:
@@ -218,11 +272,65 @@ class TaskFold:
         for topic, at in events.items():
             layout = self.layout[topic]
             picked = table.take(pa.array(at, pa.int64())).select([layout.column])
-            values[topic] = [layout.event(r[layout.column]) for r in arrow_rows(picked)]
+            try:
+                values[topic] = [layout.event(r[layout.column]) for r in arrow_rows(picked)]
+            except UnicodeDecodeError:  # a text that is not UTF-8: the driver's, as Spark's rows
+                return None
         try:
             return [stream.partial(values[topic], seen) for topic, stream, seen in self.streams]
         except OutsideSubset:
             return None
+
+    def _upserted(self, table: pa.Table, last: Mapping[tuple[str, bytes], int],
+                  unkeyed: set[str]) -> tuple[pa.Table, set[str]]:
+        """One UPSERTED row: each upsert view's share of the batch computed from this
+        task's last record per key (engine.task_upsert); and the topics whose last records
+        the driver does not need from this task: every view of theirs computed here, and
+        none that the driver computes (`needed`). A task that hands a view back returns its
+        topic's records, and the driver reads the batch again (engine.graph)."""
+        latest: dict[str, dict[str, Row | None] | None] = {}  # None: the task cannot
+        for topic in {t for t, _, wanted in self.upserts if wanted}:
+            latest[topic] = None if topic in unkeyed else self._latest(table, topic, last)
+        columns: dict[str, pa.Array] = {FOLD: pa.array([UPSERTED], pa.int8())}
+        withheld = set(latest) - self.needed
+        for i, (topic, view, wanted) in enumerate(self.upserts):
+            if not wanted:
+                continue
+            rows = latest[topic]
+            share = (TaskUpsert.refused() if rows is None
+                     else view.compute(rows, self.batch_id, self.now_ms))
+            if not share.ok:
+                withheld.discard(topic)
+            ok, writes, events = upsert_columns(i)
+            columns[ok] = pa.array([share.ok])
+            columns[writes] = pa.array([share.writes], pa.binary())
+            columns[events] = pa.array([list(share.events)], self.schema.field(events).type)
+        return pa.Table.from_arrays(
+            [columns.get(f.name, pa.nulls(1, f.type)) for f in self.schema],
+            schema=self.schema), withheld
+
+    def _latest(self, table: pa.Table, topic: str, last: Mapping[tuple[str, bytes], int]
+                ) -> dict[str, Row | None] | None:
+        """`topic`'s last record per key in this task, as the driver keys them
+        (engine.batch_records: None for a tombstone); None if a key or a text is not UTF-8
+        (the driver decodes those leniently, as Spark's rows do, and two keys may become
+        one)."""
+        at = sorted(i for (t, _), i in last.items() if t == topic)
+        if not at:
+            return {}
+        layout = self.layout[topic]
+        picked = table.take(pa.array(at, pa.int64())).select(
+            ["_kafka_key", "_tombstone", layout.column])
+        latest: dict[str, Row | None] = {}
+        try:
+            for record in arrow_rows(picked.set_column(
+                    0, "_kafka_key", picked.column("_kafka_key").cast(pa.binary()))):
+                key = record["_kafka_key"].decode()
+                latest[key] = (None if record["_tombstone"]
+                               else layout.event(record[layout.column]))
+        except UnicodeDecodeError:
+            return None
+        return latest
 
     def _records(self, records: pa.Table, handed: list[bool]) -> pa.Table:
         count = records.num_rows

@@ -570,14 +570,27 @@ def op_zrem(key: str, member: str) -> Op:
 
 
 def apply_batch_args(batch_id: int, generation: int, meta: Mapping[str, Any],
-                     ops: Iterable[Op] | BatchWrites, outbox: bytes = b"") -> list[str | bytes]:
+                     ops: Iterable[Op] | BatchWrites | bytes, outbox: bytes = b""
+                     ) -> list[str | bytes]:
     """ARGV for APPLY_BATCH_LUA (KEYS is [meta_key(view), outbox_key(view, generation)]).
-    Meta values become strings; `outbox` is outbox_value(batch_id, events)."""
+    Meta values become strings; `outbox` is outbox_value(batch_id, events). `ops` as bytes:
+    the writes encoded already (BatchWrites.encoded, or several joined: join_writes)."""
     meta_text = {k: v if isinstance(v, str) else orjson.dumps(v).decode()
                  for k, v in meta.items()}
-    writes = ops if isinstance(ops, BatchWrites) else BatchWrites(ops)
+    if isinstance(ops, bytes):
+        encoded = ops
+    else:
+        encoded = (ops if isinstance(ops, BatchWrites) else BatchWrites(ops)).encoded()
     return [str(int(batch_id)), str(int(generation)), orjson.dumps(meta_text).decode(),
-            orjson.dumps(writes.commands()), outbox]
+            encoded, outbox]
+
+
+def join_writes(parts: Iterable[bytes]) -> bytes:
+    """Several BatchWrites.encoded() of one view's batch as one: the tasks' shares of a
+    batch write disjoint keys (each row key in one share), so their commands run in any
+    order, each share's removals still before its additions."""
+    inner = [part[1:-1] for part in parts if part != b"[]"]
+    return b"[" + b",".join(inner) + b"]"
 
 
 # The order a batch's writes run in: every removal before every addition. A batch never
@@ -624,6 +637,10 @@ class BatchWrites:
         return [[kind, key, args] for (kind, key), args
                 in sorted(self._grouped.items(), key=lambda item: _WRITE_RANK[item[0][0]])
                 if args]
+
+    def encoded(self) -> bytes:
+        """ARGV[4] itself: the commands as JSON."""
+        return orjson.dumps(self.commands())
 
 
 # The gateway's re-warm of rows it read from Delta. It applies only if the fence is still

@@ -55,70 +55,121 @@ def _same_value(stored: Any, value: Any) -> bool:
     return type(stored) is type(value) and stored == value
 
 
+@dataclass(frozen=True)
+class RowWrites:
+    """How a batch of one view's rows becomes its Redis writes: the rows' keys and values,
+    and the index entries they add and remove. Pure and picklable (no client, no GraphQL
+    class), so that Spark's tasks build a batch's writes as the driver does
+    (engine.task_upsert)."""
+
+    view: str
+    indexes: tuple[tuple[str, Any], ...]  # (indexed field, its Python type)
+
+    @classmethod
+    def of(cls, view: View, fields: Mapping[str, FieldInfo]) -> RowWrites:
+        return cls(view.name, tuple((f, fields[f].python_type) for f in view.indexes))
+
+    def changed_indexed(self, old: Mapping[str, Any] | None,
+                        row: Mapping[str, Any]) -> tuple[str, ...]:
+        """The indexed fields whose value may differ between the stored row (JSON form)
+        and the new one: only theirs index entries can change. Most updates change none
+        (a customer's tier reaching their orders leaves the orders' indexes alone)."""
+        if old is None:
+            return tuple(f for f, _ in self.indexes)
+        changed: tuple[str, ...] = ()
+        for field, _ in self.indexes:  # a loop, not a generator: asked for every update
+            if not _same_value(old.get(field), row.get(field)):
+                changed += (field,)
+        return changed
+
+    def batch_writes(self, generation: int, upserts: Mapping[str, Mapping[str, Any]],
+                     deletes: Iterable[str], old_rows: Mapping[str, Mapping[str, Any]],
+                     extra_ops: Sequence[Op] = ()) -> BatchWrites:
+        """The batch's writes: `upserts` set, `deletes` deleted, their index entries moved
+        from what `old_rows` (the stored rows, JSON form) had; `extra_ops` beside them."""
+        writes = BatchWrites(extra_ops)
+        sets, deleted = writes.arguments("set"), writes.arguments("del")
+        # Per batch, not per row: the row keys' prefix, and each index's key and the lists
+        # its writes go to (an insert's entries are appended straight to its ZADD).
+        prefix = row_key(self.view, generation, "")
+        index_keys = {f: index_key(self.view, generation, f) for f, _ in self.indexes}
+        types = dict(self.indexes)
+        indexes = [(field, python_type, writes.arguments("zadd", index_keys[field]))
+                   for field, python_type in self.indexes]
+
+        def entries(row: Mapping[str, Any] | None, key: str, fields: Iterable[str]
+                    ) -> set[tuple]:
+            found = set()
+            if row is None:
+                return found
+            for field in fields:
+                entry = index_entry(types[field], row.get(field), key)
+                if entry is not None:
+                    found.add((index_keys[field], *entry))
+            return found
+
+        for key, row in upserts.items():
+            sets += (prefix + key, encode_row(row).decode())
+            stored = old_rows.get(key)
+            if stored is None:  # an insert: nothing to take out of the indexes
+                for field, python_type, zadd in indexes:
+                    entry = index_entry(python_type, row.get(field), key)
+                    if entry is not None:
+                        zadd += entry
+                continue
+            changed = self.changed_indexed(stored, row)
+            if not changed:
+                continue
+            old, new = entries(stored, key, changed), entries(row, key, changed)
+            for index, _, member in old - new:
+                writes.arguments("zrem", index).append(member)
+            for index, score, member in new - old:
+                writes.arguments("zadd", index).extend((score, member))
+        for key in deletes:
+            deleted.append(prefix + key)
+            for index, _, member in entries(old_rows.get(key), key, types):
+                writes.arguments("zrem", index).append(member)
+        return writes
+
+
+def read_before(client: Any, view: str, generation: int, keys: list[str]) -> Before:
+    """What Redis holds of `view`'s generation before a batch, in one round trip: the
+    stored rows of `keys` (their index entries must go, and change events carry them as
+    `before`), the fence and the complete mark. Only the engine writes a view, and the
+    apply is fenced, so reading first is safe."""
+    rows_keys = [row_key(view, generation, k) for k in keys]
+    meta = (meta_key(view), fence_field(generation), complete_field(generation))
+    if is_cluster(client):
+        # A cluster pipeline refuses MGET; the keys share the view's slot, so one MGET
+        # of the client does (a round trip more).
+        stored = [client.mget(rows_keys)] if keys else []
+        fence, complete = client.hmget(*meta)
+    else:
+        pipe = client.pipeline(transaction=False)
+        if keys:
+            pipe.mget(rows_keys)
+        pipe.hmget(*meta)
+        *stored, (fence, complete) = pipe.execute()
+    found = {k: v for k, v in zip(keys, stored[0], strict=True) if v} if keys else {}
+    return Before({k: decode_row(v) for k, v in found.items()},
+                  None if fence is None else int(fence), complete is not None, found)
+
+
 class RedisSink:
     def __init__(self, redis_url: str, view: View, fields: Mapping[str, FieldInfo]) -> None:
         self.view = view
         self.fields = fields
+        self.writes = RowWrites.of(view, fields)
         # Two clients, for the two kinds of command: reads of many small arguments (a
         # batch's previous rows, one MGET of thousands of keys) packed by hiredis in C,
         # and a batch's apply of a few arguments of megabytes, packed without a copy.
         self.client = connect_redis(redis_url)
         self.apply_client = connect_redis(redis_url, large_arguments=True)
         self.apply_script = self.apply_client.register_script(APPLY_BATCH_LUA)
-        self._index_keys: dict[tuple[int, str], str] = {}  # (generation, field) -> its key
-
-    def _index_entries(self, row: Mapping[str, Any] | None, key: str, gen: int,
-                       fields: Iterable[str] | None = None) -> set[tuple]:
-        entries = set()
-        if row is None:
-            return entries
-        for field in self.view.indexes if fields is None else fields:
-            entry = index_entry(self.fields[field].python_type, row.get(field), key)
-            if entry is not None:
-                entries.add((self._index_key(gen, field), *entry))
-        return entries
-
-    def _index_key(self, generation: int, field: str) -> str:
-        found = self._index_keys.get((generation, field))
-        if found is None:
-            found = self._index_keys[generation, field] = index_key(self.view.name, generation,
-                                                                    field)
-        return found
-
-    def _changed_indexed(self, old: Mapping[str, Any] | None,
-                         row: Mapping[str, Any]) -> tuple[str, ...]:
-        """The indexed fields whose value may differ between the stored row (JSON form)
-        and the new one: only theirs index entries can change. Most updates change none
-        (a customer's tier reaching their orders leaves the orders' indexes alone)."""
-        if old is None:
-            return self.view.indexes
-        changed: tuple[str, ...] = ()
-        for field in self.view.indexes:  # a loop, not a generator: asked for every update
-            if not _same_value(old.get(field), row.get(field)):
-                changed += (field,)
-        return changed
 
     def before(self, generation: int, keys: list[str]) -> Before:
-        """What Redis holds before a batch, in one round trip: the stored rows of `keys`
-        (their index entries must go, and change events carry them as `before`), the fence
-        and the complete mark. Only the engine writes a view, and the apply is fenced, so
-        reading first is safe."""
-        rows_keys = [row_key(self.view.name, generation, k) for k in keys]
-        meta = (meta_key(self.view.name), fence_field(generation), complete_field(generation))
-        if is_cluster(self.client):
-            # A cluster pipeline refuses MGET; the keys share the view's slot, so one MGET
-            # of the client does (a round trip more).
-            stored = [self.client.mget(rows_keys)] if keys else []
-            fence, complete = self.client.hmget(*meta)
-        else:
-            pipe = self.client.pipeline(transaction=False)
-            if keys:
-                pipe.mget(rows_keys)
-            pipe.hmget(*meta)
-            *stored, (fence, complete) = pipe.execute()
-        found = {k: v for k, v in zip(keys, stored[0], strict=True) if v} if keys else {}
-        return Before({k: decode_row(v) for k, v in found.items()},
-                      None if fence is None else int(fence), complete is not None, found)
+        """What Redis holds before a batch (read_before)."""
+        return read_before(self.client, self.view.name, generation, keys)
 
     def apply(
         self,
@@ -131,42 +182,18 @@ class RedisSink:
         outbox: bytes = b"",
         extra_ops: Sequence[Op] = (),
         client: Any = None,
+        writes: bytes | None = None,
     ) -> int | None:
         """APPLIED, REPLAYED (Redis already holds this batch) or RETIRED (a rebuild
         replaced this generation), as schema.storage names them. `outbox` (the batch's
         change events) is stored with the rows, atomically, and so are `extra_ops` (an
-        aggregate view's states). Given a pipeline as `client`, the apply is queued on it
-        and its answer comes with the pipeline's."""
-        writes = BatchWrites(extra_ops)
-        sets, deleted = writes.arguments("set"), writes.arguments("del")
-        # Per batch, not per row: the row keys' prefix, and each index's key and the lists
-        # its writes go to (an insert's entries are appended straight to its ZADD).
-        prefix = row_key(self.view.name, generation, "")
-        indexes = [(field, self.fields[field].python_type, writes.arguments(
-            "zadd", self._index_key(generation, field))) for field in self.view.indexes]
-        for key, row in upserts.items():
-            sets += (prefix + key, encode_row(row).decode())
-            stored = old_rows.get(key)
-            if stored is None:  # an insert: nothing to take out of the indexes
-                for field, python_type, zadd in indexes:
-                    entry = index_entry(python_type, row.get(field), key)
-                    if entry is not None:
-                        zadd += entry
-                continue
-            changed = self._changed_indexed(stored, row)
-            if not changed:
-                continue
-            old = self._index_entries(stored, key, generation, changed)
-            new = self._index_entries(row, key, generation, changed)
-            for index, _, member in old - new:
-                writes.arguments("zrem", index).append(member)
-            for index, score, member in new - old:
-                writes.arguments("zadd", index).extend((score, member))
-        for key in deletes:
-            deleted.append(prefix + key)
-            for index, _, member in self._index_entries(old_rows.get(key), key, generation):
-                writes.arguments("zrem", index).append(member)
-        args = apply_batch_args(batch_id, generation, meta, writes, outbox)
+        aggregate view's states). `writes`: the batch's writes built already, as the
+        script's JSON (by Spark's tasks, engine.task_upsert); then `upserts`, `deletes`,
+        `old_rows` and `extra_ops` are not used. Given a pipeline as `client`, the apply
+        is queued on it and its answer comes with the pipeline's."""
+        built = writes if writes is not None else self.writes.batch_writes(
+            generation, upserts, deletes, old_rows, extra_ops)
+        args = apply_batch_args(batch_id, generation, meta, built, outbox)
         keys = [meta_key(self.view.name), outbox_key(self.view.name, generation)]
         if client is not None:
             queue_script(client, self.apply_script, keys, args)

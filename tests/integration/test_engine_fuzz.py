@@ -110,10 +110,17 @@ def _dead_letters(bootstrap: str, source_topic: str) -> tuple[dict[str, str], li
     return out, keyless
 
 
+@pytest.mark.parametrize("task_read", [False, True], ids=["driver-read", "task-read"])
 def test_fuzzed_orders_are_either_in_the_view_or_dead_lettered_with_a_reason(
-        spark, settings, tmp_path):
-    settings = isolated(settings, tmp_path, redis_db=7)
-    catalog = catalog_on(PREFIX)
+        spark, settings, tmp_path, task_read):
+    """Also with the batches read by Spark's tasks (engine.task_read, engine.task_upsert):
+    a record whose text is not UTF-8 sends the batch to Spark's rows, as the driver's own
+    read does."""
+    settings = isolated(settings, tmp_path, redis_db=29 if task_read else 7).model_copy(
+        update={"engine_task_read": task_read, "engine_task_read_min_records": 0,
+                "engine_driver_fetch_max_records": 0 if task_read else
+                settings.engine_driver_fetch_max_records})
+    catalog = catalog_on(f"{PREFIX}-tasks" if task_read else PREFIX)
     topic = catalog.sources["orders"].topic
     rng = random.Random(2026)
     records: list[tuple[str, str | None, bytes]] = []

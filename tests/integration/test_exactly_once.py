@@ -41,10 +41,10 @@ PREFIX = "kill"
 VIEWS = ("Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales")
 
 
-def _metric(engine: EngineProcess, name: str, value: str, label: str = "view"
-            ) -> float | None:
-    """One sample of the running engine's /metrics, the one whose `label` is `value`; None
-    when it is not there (yet)."""
+def _metric(engine: EngineProcess, name: str, value: str, label: str = "view",
+            **labels: str) -> float | None:
+    """One sample of the running engine's /metrics, the one whose `label` is `value` (and
+    whose other `labels` are theirs); None when it is not there (yet)."""
     url = f"http://127.0.0.1:{engine.env['VIEWGATE_ENGINE_METRICS_PORT']}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -53,7 +53,8 @@ def _metric(engine: EngineProcess, name: str, value: str, label: str = "view"
         return None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and sample.labels.get(label) == value:
+            wanted = {label: value, **labels}
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items()):
                 return sample.value
     return None
 
@@ -149,8 +150,16 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
 
     assert view_mismatches(client, customers, orders) == []
     # The last run's batches were fetched from Kafka by the driver (engine.driver_fetch),
-    # as live batches are; the runs before read some through Spark (a first batch).
-    assert (_metric(engine, "viewgate_graph_batch_reads_total", "fetch", "path") or 0) > 0
+    # as live batches are. Run with the driver's fetch off and the read in Spark's tasks
+    # (VIEWGATE_ENGINE_DRIVER_FETCH_MAX_RECORDS=0, VIEWGATE_ENGINE_TASK_READ=true and
+    # VIEWGATE_ENGINE_TASK_READ_MIN_RECORDS=0), the tasks read them and computed the
+    # upsert views (engine.task_upsert).
+    if settings.engine_driver_fetch_max_records or not settings.engine_task_read:
+        assert (_metric(engine, "viewgate_graph_batch_reads_total", "fetch", "path") or 0) > 0
+    else:
+        assert (_metric(engine, "viewgate_graph_batch_reads_total", "tasks", "path") or 0) > 0
+        assert (_metric(engine, "viewgate_graph_views_by_tasks_total", "OrderRecord",
+                        by="tasks") or 0) > 0
 
     for view in VIEWS:
         # Delta holds as many rows as Redis, and no batch was merged twice.

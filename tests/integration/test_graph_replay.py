@@ -16,11 +16,17 @@ import pytest
 import redis
 from deltalake import DeltaTable
 from engine_process import feed_changes, feed_ends, in_time_events
-from shop_views import catalog_on, isolated, produce, redis_rows, view_mismatches
+from graph_batches import graph_records
+from shop_views import (
+    catalog_on,
+    isolated,
+    produce,
+    redis_rows,
+    view_mismatches,
+)
 
-from engine.graph import GraphBatch, graph_sources
+from engine.graph import GraphBatch
 from engine.metrics import rows_changed_total
-from engine.rebuild import log_range
 from engine.runner import prepare
 from engine.sinks.deletion_vectors import descriptor_file
 from schema.arrow_rows import arrow_rows
@@ -42,22 +48,6 @@ pytestmark = pytest.mark.integration
 PREFIX = "partial"
 VIEWS = ("Customer", "OrderRecord", "Order", "CustomerStats", "ProductSales")
 HELD = ("OrderRecord", "CustomerStats")  # applied before the engine died
-
-
-def _records(spark, settings, catalog, since: dict[str, dict[str, int]]):
-    """The Kafka records of the graph's topics after `since` (topic -> partition ->
-    offset), as the graph query's batch holds them (as Kafka has them); and where they
-    end."""
-    sources = graph_sources(catalog)
-    ends = {s.topic: {str(p): high for p, (_, high) in
-                      log_range(settings.kafka_bootstrap, s.topic).items()} for s in sources}
-    starts = {t: {p: since.get(t, {}).get(p, 0) for p in parts} for t, parts in ends.items()}
-    raw = (spark.read.format("kafka")
-           .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-           .option("subscribe", ",".join(s.topic for s in sources))
-           .option("startingOffsets", json.dumps(starts))
-           .option("endingOffsets", json.dumps(ends)).load())
-    return raw, ends
 
 
 def _died_mid_apply(held):
@@ -156,7 +146,7 @@ def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
     step = GraphBatch(spark, settings, catalog, generations, schemas,
                       str(tmp_path / "checkpoint"), dead_letters=False)
     assert (step.task_read is not None) == task_read
-    batch, ends = _records(spark, settings, catalog, {})
+    batch, ends = graph_records(spark, settings, catalog, {})
     step(batch, 0)
     assert view_mismatches(client, customers[:half], orders[:300]) == []
 
@@ -164,7 +154,7 @@ def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
     # reaches Redis for OrderRecord and CustomerStats only, then the engine dies.
     produce(settings.kafka_bootstrap, customers[half:] + orders[300:])
     feeds = {view: feed_ends(settings.kafka_bootstrap, view) for view in VIEWS}
-    batch, _ = _records(spark, settings, catalog, ends)
+    batch, _ = graph_records(spark, settings, catalog, ends)
 
     with monkeypatch.context() as patch:
         patch.setattr(GraphBatch, "_apply", _died_mid_apply(HELD))
@@ -179,6 +169,8 @@ def test_a_batch_applied_to_some_views_only_is_replayed_exactly(
     step(batch, 1)
     computed = {v for v in VIEWS if f"{v}_compute_ms" in step.timings}
     assert computed == set(VIEWS) - set(HELD)
+    # Read by the tasks, the upsert view not held is computed by them too (task_upsert).
+    assert ("Customer_in_tasks" in step.timings) == task_read
     assert view_mismatches(client, customers, orders) == []
     assert {ViewMeta.from_fields(client.hgetall(meta_key(v))).version for v in VIEWS} == {1}
     assert client.hget(graph_key(0), GRAPH_VERSION) == b"1"
@@ -221,10 +213,10 @@ def test_a_view_whose_apply_finds_its_batch_in_redis_merges_the_stored_changes(
     produce(settings.kafka_bootstrap, customers[:100] + orders[:200])
     step = GraphBatch(spark, settings, catalog, generations, schemas,
                       str(tmp_path / "checkpoint"), dead_letters=False)
-    batch, ends = _records(spark, settings, catalog, {})
+    batch, ends = graph_records(spark, settings, catalog, {})
     step(batch, 0)
     produce(settings.kafka_bootstrap, customers[100:] + orders[200:])
-    batch, _ = _records(spark, settings, catalog, ends)
+    batch, _ = graph_records(spark, settings, catalog, ends)
     leaves = ("CustomerStats", "ProductSales")
     with monkeypatch.context() as patch:
         patch.setattr(GraphBatch, "_apply", _died_mid_apply(leaves))

@@ -28,20 +28,20 @@ def stored(row: dict) -> dict:
 
 
 def test_an_update_of_unindexed_fields_rewrites_no_index_entry():
-    assert sink()._changed_indexed(stored(ORDER), {**ORDER, "customer_tier": "silver"}) == ()
+    assert sink().writes.changed_indexed(stored(ORDER), {**ORDER, "customer_tier": "silver"}) == ()
 
 
 def test_each_changed_indexed_field_is_named_times_included():
     later = WHEN + datetime.timedelta(microseconds=1)
-    changed = sink()._changed_indexed(
+    changed = sink().writes.changed_indexed(
         stored(ORDER), {**ORDER, "status": "paid", "amount": 13, "ts": later})
     assert changed == ("status", "amount", "ts")  # 13 is an int now: rewritten to be safe
-    assert sink()._changed_indexed(stored({**ORDER, "customer_id": None}), ORDER) \
+    assert sink().writes.changed_indexed(stored({**ORDER, "customer_id": None}), ORDER) \
         == ("customer_id",)
 
 
 def test_a_new_row_gets_every_index():
-    assert sink()._changed_indexed(None, ORDER) == demo.CATALOG.views["Order"].indexes
+    assert sink().writes.changed_indexed(None, ORDER) == demo.CATALOG.views["Order"].indexes
 
 
 def queued_writes(upserts: dict, deletes: set, old_rows: dict) -> dict:

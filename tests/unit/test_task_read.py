@@ -25,6 +25,7 @@ from engine.sinks.redis_sink import Before
 from engine.sources import record_key
 from engine.stream_aggregates import EventFold, Seen, StreamAggregate
 from engine.task_read import EVENT, TaskFold, TaskRead, TopicLayout
+from engine.task_upsert import TaskUpsert
 from schema.demo import CATALOG
 
 ORDERS = StructType([StructField("order_id", StringType()),
@@ -205,3 +206,46 @@ def test_records_without_a_kafka_key_are_told_apart_by_their_values_key():
         (1, "O2"), (2, "O1"), (3, "O3")]
     assert [record_key(r["_kafka_key"], r["_v0"], "order_id") for r in folded.records] == [
         "O2", "O1", "O3"]
+
+
+
+class _Upsert:
+    """An upsert view's step as a task runs it (engine.task_upsert.UpsertInTask), answering
+    as told: the routing of the records is under test here, not the view."""
+
+    def __init__(self, ok: bool) -> None:
+        self.view, self.ok, self.seen = "Customer", ok, []
+
+    def compute(self, latest, batch_id, now_ms):
+        self.seen.append(dict(latest))
+        return TaskUpsert(self.ok, b"[]", (b"{}",) if self.ok else ())
+
+
+def _fold_upserts(upsert: _Upsert, needed=()):
+    read = TaskRead([_stream()], {"ProductSales": SALES}, [("customers", upsert)])
+    output = to_arrow_schema(read.output_schema(BATCH), timezone="UTC")
+    fold = TaskFold(LAYOUT, [("orders", s.fold, None) for s in read.streams], output,
+                    [("customers", upsert, True)], 7, 0, needed)
+    rows = [_order(0, "O1", "P1", 1.0, 0), _other(1, "C1", "customers", tombstone=True),
+            _other(2, None, "customers", error="bad"), _other(3, "C2", "customers",
+                                                             tombstone=True)]
+    table = pa.Table.from_pylist(rows, schema=to_arrow_schema(BATCH, timezone="UTC"))
+    return read.collected(pa.Table.from_batches(list(fold(iter(table.to_batches()))),
+                                                schema=output), len(BATCH.fields))
+
+
+def test_a_task_keeps_back_the_records_of_the_views_it_computed():
+    upsert = _Upsert(ok=True)
+    folded = _fold_upserts(upsert)
+    assert upsert.seen == [{"C1": None, "C2": None}]  # the last record per key, as keyed
+    assert [r["_offset"] for r in folded.records] == [0, 2]  # the bad one still goes
+    assert [(s.ok, s.events) for s in folded.upserts["Customer"]] == [(True, (b"{}",))]
+    # The driver computes a view of the topic too: its records go to the driver.
+    assert [r["_offset"] for r in _fold_upserts(_Upsert(True), {"customers"}).records] \
+        == [0, 1, 2, 3]
+
+
+def test_a_task_that_hands_a_view_back_returns_its_records():
+    folded = _fold_upserts(_Upsert(ok=False))
+    assert [r["_offset"] for r in folded.records] == [0, 1, 2, 3]
+    assert [s.ok for s in folded.upserts["Customer"]] == [False]

@@ -9,8 +9,9 @@ exact in Redis and Delta afterwards) runs three times on the same events:
 - the same with `spark.cores.max` 2: an executor on each worker;
 - on `local[2]` and on the two workers again with the batch's read folded by Spark's
   tasks (the setting `engine_task_read`, engine.task_read, with no batch fetched from
-  Kafka beside Spark): Python tasks, not the driver, keep each key's last record and fold
-  ProductSales's events.
+  Kafka beside Spark): Python tasks, not the driver, keep each key's last record, fold
+  ProductSales's events and compute OrderRecord's Redis writes and change events
+  (engine.task_upsert).
 
 Meanwhile the CPU of the engine's processes is sampled from /proc every half second: the
 driver (this process: Python, and its JVM; and its read-ahead process, engine.read_ahead,

@@ -1,0 +1,124 @@
+"""An upsert view's batch computed by the read's Spark tasks (issue 16's stage A:
+docs/engine-plan.md, "The executors' design, corrected").
+
+For an upsert view whose SQL only picks columns of its source, each task of the graph's
+read (engine.task_read) turns its records' last row per key into what the driver's commit
+sends for the view: the rows' Redis writes as the apply script's JSON, and the change
+events' bytes (each with the row Redis held before the batch, which the task reads from
+Redis). The driver joins the tasks' shares into the view's one fenced apply
+(engine.graph), so the fences, the outbox and the graph's marks are the driver's as
+before, and a retried task, reading Redis as the previous batch left it, returns the same.
+
+A task hands the view back to the driver's own path (`TaskUpsert.ok` False) whenever its
+answer could differ from the driver's: Redis not at the previous batch (a replay, lost
+batches to bring back from Delta), rows missing from a Redis that lost its complete mark,
+a row without a key (the driver dead-letters it), a record without a Kafka key (its key's
+records may be in several tasks) or with a key that is not UTF-8.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from engine.sinks.redis_sink import Before, RowWrites, read_before
+from schema.redis_client import connect as connect_redis
+from schema.storage import ChangeEvent, change_op, key_of
+
+Row = dict[str, Any]
+
+_clients: dict[str, Any] = {}  # per Python worker: one Redis client a URL, for every task
+_clients_lock = threading.Lock()
+
+
+def _client(url: str) -> Any:
+    with _clients_lock:
+        found = _clients.get(url)
+        if found is None:
+            found = _clients[url] = connect_redis(url)
+        return found
+
+
+@dataclass(frozen=True)
+class TaskUpsert:
+    """One task's share of one view's batch. `ok` False: the driver computes the view."""
+
+    ok: bool
+    writes: bytes = b"[]"  # schema.storage.BatchWrites.encoded()
+    events: tuple[bytes, ...] = ()  # ChangeEvent.to_bytes(), upserts then deletes
+
+    @classmethod
+    def refused(cls) -> TaskUpsert:
+        return cls(False)
+
+
+@dataclass(frozen=True)
+class UpsertInTask:
+    """An upsert view whose SQL picks columns of its source (output column -> source
+    column), as a task computes it; pickled to the tasks with the batch's id."""
+
+    view: str
+    generation: int
+    key: tuple[str, ...]  # the view's key
+    delete_on: str  # the source's key: a tombstone deletes the row of that key
+    columns: tuple[tuple[str, str], ...]
+    writes: RowWrites
+    redis_url: str
+
+    def compute(self, latest: Mapping[str, Row | None], batch_id: int, now_ms: int
+                ) -> TaskUpsert:
+        """The view's share of the batch from its source's last record per key in this task
+        (None: tombstoned); Redis is read as the previous batch left it."""
+        upserts: dict[str, Row] = {}
+        deletes: list[str] = []
+        for source_key, value in latest.items():
+            if value is None:
+                deletes.append(key_of({self.delete_on: source_key}, (self.delete_on,)))
+                continue
+            row = {out: value[column] for out, column in self.columns}
+            if any(row.get(k) is None for k in self.key):
+                return TaskUpsert.refused()  # the driver dead-letters it
+            upserts[key_of(row, self.key)] = row
+        keys = [*upserts, *deletes]
+        if not keys:
+            return TaskUpsert(True)
+        before = read_before(_client(self.redis_url), self.view, self.generation, keys)
+        if not self._usable(before, keys, batch_id):
+            return TaskUpsert.refused()
+        events = [self._event(k, r, before, batch_id, now_ms) for k, r in upserts.items()]
+        events += [self._event(k, None, before, batch_id, now_ms) for k in deletes]
+        writes = self.writes.batch_writes(self.generation, upserts, deletes, before.rows)
+        return TaskUpsert(True, writes.encoded(), tuple(e.to_bytes() for e in events))
+
+    def _usable(self, before: Before, keys: list[str], batch_id: int) -> bool:
+        """Whether the driver would compute the same from what Redis holds: Redis at the
+        previous batch (or with no fence at all, as the driver takes it), and every
+        previous row known (ViewCommitter.prepare reads Delta otherwise)."""
+        if before.fence is not None and before.fence != batch_id - 1:
+            return False
+        return before.complete or all(k in before.rows for k in keys)
+
+    def _event(self, key: str, row: Row | None, before: Before, batch_id: int,
+               now_ms: int) -> ChangeEvent:
+        old = before.rows.get(key)
+        return ChangeEvent(self.view, key, change_op(old, row), row, old, batch_id,
+                           self.generation, now_ms, before.encoded.get(key))
+
+
+def events_of(encoded: list[bytes], view: str) -> list[ChangeEvent]:
+    """The tasks' change events back as ChangeEvent (rows in JSON form, as a replay's
+    events from the outbox are), each keeping the bytes it came as."""
+    if not encoded:
+        return []
+    decoded = orjson.loads(b"[" + b",".join(encoded) + b"]")  # one call, not one an event
+    events = []
+    for data, d in zip(encoded, decoded, strict=True):
+        event = ChangeEvent(view, d["key"], d["op"], d["row"], d["before"], d["version"],
+                            d["generation"], d["committed_at_ms"])
+        event.__dict__["_bytes"] = data  # sent and stored as the task encoded it
+        events.append(event)
+    return events
