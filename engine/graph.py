@@ -57,7 +57,7 @@ from engine.aggregates import (
 from engine.analysis import dependency_order
 from engine.analyzer import analysed, struct_of
 from engine.batch_offsets import read_batch_offsets, read_initial_offsets, records_between
-from engine.batch_records import SourceRecords, take_rows, take_table
+from engine.batch_records import ByTopic, SourceRecords, take_rows, take_table
 from engine.collector import keep_collector_out_of_batches
 from engine.commit import IN_FLIGHT, Pending, ViewCommitter, offsets_fields
 from engine.current_rows import DeltaRows, RedisRows
@@ -278,9 +278,6 @@ class GraphBatch:
             ReadAhead.for_settings(settings, fetch) or fetch)
         # The last batch's id and end offsets: where the next one's records start.
         self._ends: tuple[int, dict[str, dict[str, int]]] | None = None
-        # The views Redis holds whole at the previous batch (_held): the tasks compute
-        # those of them they can (engine.task_upsert); the driver computes the others.
-        self._current: set[str] = set()
         if self.task_read:
             log.info("a batch of %d Kafka records or more is folded by Spark's tasks",
                      self.task_read_min_records)
@@ -323,11 +320,12 @@ class GraphBatch:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        held = self._held(batch_id)
-        if held is None:
+        fences = self._fences(batch_id)
+        if fences is None:
             # A rebuild switched the graph's views to a new generation: the engine
             # restarts the query on it (engine.runner.follow_rebuilds).
             return
+        held, current = fences
         read = _Read({})
         covers: dict[str, Any] = {}
         by_fetch = by_tasks = False
@@ -343,7 +341,7 @@ class GraphBatch:
             by_tasks = not by_fetch and self._by_tasks(starts, ends)
             read = self._read(batch, {n: self._seen(self.committers[n])
                                       for n in self.streams if n not in held},
-                              by_tasks, fetched, batch_id, held, covers)
+                              by_tasks, fetched, batch_id, held, covers, current)
             observe_graph_read("fetch" if by_fetch else "tasks" if by_tasks else "spark")
             for name, writer in self.dead_letters.items():
                 writer.publish(read.records[name].bad, batch_id)
@@ -444,26 +442,25 @@ class GraphBatch:
                 gate.cancel()  # the gates not opened: nothing of theirs is committed
             wait(merges.values())
 
-    def _held(self, batch_id: int) -> set[str] | None:
-        """The views whose Redis holds `batch_id` already (a replay after a crash past
-        their apply), in one round trip; None if a rebuild retired the graph's generation.
-        Also notes which views Redis holds whole at the previous batch (self._current):
-        only theirs can Spark's tasks compute (engine.task_upsert)."""
+    def _fences(self, batch_id: int) -> tuple[set[str], set[str]] | None:
+        """In one round trip: the views whose Redis holds `batch_id` already (a replay
+        after a crash past their apply), and those it holds whole at the previous batch
+        (only theirs may Spark's tasks compute, engine.task_upsert); None if a rebuild
+        retired the graph's generation."""
         pipe = self.redis.pipeline(transaction=False)
         for view in self.views:
             generation = self.committers[view.name].generation
             pipe.hmget(meta_key(view.name), fence_field(generation), "generation",
                        complete_field(generation))
-        held = set()
-        self._current = set()
+        held, current = set(), set()
         for view, (fence, live, complete) in zip(self.views, pipe.execute(), strict=True):
             if live is not None and int(live) > self.committers[view.name].generation:
                 return None
             if fence is not None and int(fence) >= batch_id:
                 held.add(view.name)
             if fence is not None and int(fence) == batch_id - 1 and complete is not None:
-                self._current.add(view.name)
-        return held
+                current.add(view.name)
+        return held, current
 
     def _compute(self, view: View, read: _Read, covers: Mapping[str, Any],
                  batch_id: int, held: set[str], inputs: Mapping[str, Future[Pending]]
@@ -587,15 +584,15 @@ class GraphBatch:
 
     def _read(self, batch: DataFrame, seen: Mapping[str, Seen], by_tasks: bool,
               fetched: list[dict[str, Any]] | None = None, batch_id: int = 0,
-              held: set[str] = frozenset(), covers: Mapping[str, Any] | None = None
-              ) -> _Read:
+              held: set[str] = frozenset(), covers: Mapping[str, Any] | None = None,
+              current: set[str] = frozenset()) -> _Read:
         """The batch's records per source: `fetched` by the driver (engine.driver_fetch),
         or in one Spark job, folded by its tasks (engine.task_read, which also compute the
-        upsert views of `self.task_read` not `held`, as batch `batch_id` covering
-        `covers`) or all of them collected. `batch`: the Kafka records as they are,
-        parsed here only when Spark reads them (engine.sources.classify_sources; building
-        its columns takes dozens of py4j calls). `seen`: the stream aggregates' meta
-        before the batch."""
+        upsert views of `self.task_read` that Redis holds whole at the previous batch,
+        `current`, as batch `batch_id` covering `covers`) or all of them collected.
+        `batch`: the Kafka records as they are, parsed here only when Spark reads them
+        (engine.sources.classify_sources; building its columns takes dozens of py4j
+        calls). `seen`: the stream aggregates' meta before the batch."""
         records = {s.name: SourceRecords({}, []) for s in self.sources}
         by_topic = {topic: (records[layout.source], layout, stream)
                     for topic, (layout, stream) in self._layout.items()}
@@ -604,28 +601,10 @@ class GraphBatch:
             return _Read(records, {}, dict(seen))
         batch = classify_sources(batch, self.sources)
         if by_tasks and self.task_read is not None:
-            in_tasks = {u.view for _, u in self.task_read.upserts}
-            now_ms = int(time.time() * 1000)
-            folded = self.task_read.fold(
-                batch, {t: layout for t, (layout, _) in self._layout.items()},
-                {n: s.max_event_time for n, s in seen.items()}, batch_id, now_ms,
-                [v.name for v in self.views if v.name in self._current],
-                # The last records of the upsert views the driver computes.
-                {self.catalog.sources[v.source].topic for v in self.views
-                 if v.kind is ViewKind.UPSERT and v.name not in held
-                 and (v.name not in in_tasks or v.name not in self._current)})
-            prepared = self._prepared_by_tasks(batch_id, folded.upserts, now_ms, covers or {})
-            rows = None
-            if prepared is not None:
-                try:
-                    rows = folded.records
-                except UnicodeDecodeError:  # a text not UTF-8: Spark's rows decode it (below)
-                    pass
-            for name in folded.upserts:
-                observe_view_by_tasks(name, rows is not None)
-            if rows is not None:
-                take_rows(rows, by_topic, by_tasks=True)
-                return _Read(records, folded.partials, dict(seen), prepared or {})
+            read = self._read_by_tasks(self.task_read, batch, seen, records, by_topic,
+                                       batch_id, held, covers or {}, current)
+            if read is not None:
+                return read
             # A task handed a view back, and the others kept its records, or a record holds
             # a text that is not UTF-8: the batch is read again, all of it into the driver
             # (a second Spark job; rare: a row without a key, a key's records in two tasks).
@@ -634,6 +613,37 @@ class GraphBatch:
         except UnicodeDecodeError:  # a Kafka key of raw bytes: Spark's rows decode it
             take_rows(spark_rows(batch), by_topic)
         return _Read(records, {}, dict(seen))
+
+    def _read_by_tasks(self, task_read: TaskRead, batch: DataFrame, seen: Mapping[str, Seen],
+                       records: dict[str, SourceRecords], by_topic: ByTopic, batch_id: int,
+                       held: set[str], covers: Mapping[str, Any], current: set[str]
+                       ) -> _Read | None:
+        """The batch read by Spark's tasks (engine.task_read), which also compute the upsert
+        views of theirs in `current` (engine.task_upsert); None if the driver must read the
+        batch itself (a task handed a view back, a text that is not UTF-8)."""
+        in_tasks = {u.view for _, u in task_read.upserts}
+        now_ms = int(time.time() * 1000)
+        folded = task_read.fold(
+            batch, {t: layout for t, (layout, _) in self._layout.items()},
+            {n: s.max_event_time for n, s in seen.items()}, batch_id, now_ms,
+            [v.name for v in self.views if v.name in current],
+            # The last records of the upsert views the driver computes.
+            {self.catalog.sources[v.source].topic for v in self.views
+             if v.kind is ViewKind.UPSERT and v.name not in held
+             and (v.name not in in_tasks or v.name not in current)})
+        prepared = self._prepared_by_tasks(batch_id, folded.upserts, now_ms, covers)
+        rows = None
+        if prepared is not None:
+            try:
+                rows = folded.records
+            except UnicodeDecodeError:  # a text not UTF-8: Spark's rows decode it
+                pass
+        for name in folded.upserts:
+            observe_view_by_tasks(name, rows is not None)
+        if rows is None:
+            return None
+        take_rows(rows, by_topic, by_tasks=True)
+        return _Read(records, folded.partials, dict(seen), prepared or {})
 
     def _prepared_by_tasks(self, batch_id: int, upserts: Mapping[str, list[TaskUpsert]],
                            now_ms: int, covers: Mapping[str, Any]) -> dict[str, Pending] | None:

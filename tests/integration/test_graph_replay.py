@@ -223,7 +223,7 @@ def test_a_view_whose_apply_finds_its_batch_in_redis_merges_the_stored_changes(
         with pytest.raises(RuntimeError, match="middle of its Redis round trip"):
             step(batch, 1)
     with monkeypatch.context() as patch:
-        patch.setattr(GraphBatch, "_held", lambda self, batch_id: set())
+        patch.setattr(GraphBatch, "_fences", lambda self, batch_id: (set(), set()))
         step(batch, 1)
     assert {v for v in VIEWS if f"{v}_compute_ms" in step.timings} == set(VIEWS)
     assert view_mismatches(client, customers, orders) == []
