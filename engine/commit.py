@@ -24,7 +24,7 @@ from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import Before, RedisSink
 from engine.sinks.rejects import Rejects, split_keyless
-from engine.task_upsert import TaskUpsert, events_of
+from engine.task_upsert import TaskUpsert
 from schema.catalog import View, graphql_fields
 from schema.settings import Settings
 from schema.storage import (
@@ -39,6 +39,7 @@ from schema.storage import (
     delta_app_id,
     delta_table_path,
     encode_row,
+    events_from_bytes,
     join_writes,
     key_of,
     outbox_value,
@@ -246,7 +247,7 @@ class ViewCommitter:
         `now_ms`: the commit time the tasks gave the events; `covers` as for prepare."""
         if not all(share.ok for share in shares):
             return None
-        events = events_of([e for share in shares for e in share.events], self.view.name)
+        events = events_from_bytes([e for share in shares for e in share.events])
         if len({e.key for e in events}) < len(events):
             return None
         fields: dict[str, Any] = {"committed_at_ms": now_ms, **covers}

@@ -640,10 +640,10 @@ class GraphBatch:
                 pass
         for name in folded.upserts:
             observe_view_by_tasks(name, rows is not None)
-        if rows is None:
+        if rows is None or prepared is None:
             return None
         take_rows(rows, by_topic, by_tasks=True)
-        return _Read(records, folded.partials, dict(seen), prepared or {})
+        return _Read(records, folded.partials, dict(seen), prepared)
 
     def _prepared_by_tasks(self, batch_id: int, upserts: Mapping[str, list[TaskUpsert]],
                            now_ms: int, covers: Mapping[str, Any]) -> dict[str, Pending] | None:

@@ -127,18 +127,18 @@ class TaskRead:
 
     def fold(self, batch: DataFrame, layout: Mapping[str, TopicLayout],
              seen: Mapping[str, datetime.datetime | None], batch_id: int = 0,
-             now_ms: int = 0, upserts: Sequence[str] | None = None,
+             now_ms: int = 0, upserts: Collection[str] = (),
              needed: Collection[str] = ()) -> Folded:
         """Run the batch's read as tasks and collect what they folded. `seen`: each stream
         aggregate's largest event time before the batch (its watermark's base). `upserts`:
-        the upsert views to compute in the tasks (default: all), as batch `batch_id`
+        the upsert views to compute in the tasks, as batch `batch_id`
         committed at `now_ms`; `needed`: the topics whose last records the driver needs
         even so (an upsert view it computes reads them)."""
         schema = self.output_schema(batch.schema)
         fold = TaskFold(layout, [(s.source.topic, s.fold, seen.get(s.view.name))
                                  for s in self.streams],
                         to_arrow_schema(schema, timezone="UTC"),
-                        [(t, u, upserts is None or u.view in upserts) for t, u in self.upserts],
+                        [(t, u, u.view in upserts) for t, u in self.upserts],
                         batch_id, now_ms, needed)
         return self.collected(batch.mapInArrow(fold, schema).toArrow(), len(batch.columns))
 

@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from engine.sinks.redis_sink import Before, RowWrites, read_before
 from schema.redis_client import connect as connect_redis
 from schema.storage import ChangeEvent, change_op, key_of
@@ -108,17 +106,3 @@ class UpsertInTask:
         return ChangeEvent(self.view, key, change_op(old, row), row, old, batch_id,
                            self.generation, now_ms, before.encoded.get(key))
 
-
-def events_of(encoded: list[bytes], view: str) -> list[ChangeEvent]:
-    """The tasks' change events back as ChangeEvent (rows in JSON form, as a replay's
-    events from the outbox are), each keeping the bytes it came as."""
-    if not encoded:
-        return []
-    decoded = orjson.loads(b"[" + b",".join(encoded) + b"]")  # one call, not one an event
-    events = []
-    for data, d in zip(encoded, decoded, strict=True):
-        event = ChangeEvent(view, d["key"], d["op"], d["row"], d["before"], d["version"],
-                            d["generation"], d["committed_at_ms"])
-        event.__dict__["_bytes"] = data  # sent and stored as the task encoded it
-        events.append(event)
-    return events

@@ -9,10 +9,10 @@ import datetime
 import orjson
 
 from engine.sinks.redis_sink import Before, RowWrites
-from engine.task_upsert import TaskUpsert, UpsertInTask, events_of
+from engine.task_upsert import TaskUpsert, UpsertInTask
 from schema.catalog import graphql_fields
 from schema.demo import CATALOG
-from schema.storage import BatchWrites, ChangeEvent, join_writes
+from schema.storage import BatchWrites, ChangeEvent, events_from_bytes, join_writes
 
 VIEW = CATALOG.views["OrderRecord"]
 SPEC = UpsertInTask("OrderRecord", 0, ("order_id",), "order_id",
@@ -43,11 +43,11 @@ def test_the_tasks_events_come_back_as_they_were_sent():
                         {"order_id": "O1", "ts": "2025-01-01T00:00:00Z"}, 5, 0, 99,
                         b'{"order_id":"O1","ts":"2025-01-01T00:00:00Z"}'),
             ChangeEvent("OrderRecord", "O2", "delete", None, None, 5, 0, 99)]
-    back = events_of([e.to_bytes() for e in sent], "OrderRecord")
+    back = events_from_bytes([e.to_bytes() for e in sent])
     assert [e.to_bytes() for e in back] == [e.to_bytes() for e in sent]
     assert back[0].row == {"order_id": "O1", "ts": "2026-01-01T00:00:00Z"}  # JSON form
     assert back[0].before == sent[0].before and back[1].op == "delete"
-    assert events_of([], "OrderRecord") == []
+    assert events_from_bytes([]) == []
 
 
 def test_the_tasks_shares_of_the_writes_join_into_one_list_of_commands():
