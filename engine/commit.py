@@ -24,6 +24,7 @@ from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import Before, RedisSink
 from engine.sinks.rejects import Rejects, split_keyless
+from engine.task_tables import TaskTable
 from engine.task_upsert import TaskUpsert
 from schema.catalog import View, graphql_fields
 from schema.settings import Settings
@@ -239,12 +240,13 @@ class ViewCommitter:
             redis_deletes=deletes | {k for k, r in stale.items() if r is None},
             old_rows=old_rows, extra_ops=extra_ops)
 
-    def prepared_by_tasks(self, batch_id: int, shares: Sequence[TaskUpsert], now_ms: int,
-                          covers: Mapping[str, Any]) -> Pending | None:
-        """The batch as Spark's tasks computed it (an upsert view, engine.task_upsert), one
-        share a task, joined into one apply; None when a task handed the view back or two
-        tasks wrote one key (a key's records in two tasks): then the caller computes it.
-        `now_ms`: the commit time the tasks gave the events; `covers` as for prepare."""
+    def prepared_by_tasks(self, batch_id: int, shares: Sequence[TaskUpsert | TaskTable],
+                          now_ms: int, covers: Mapping[str, Any]) -> Pending | None:
+        """The batch as Spark's tasks computed it (an upsert view, engine.task_upsert, or a
+        view over views, engine.task_tables), one share a task, joined into one apply;
+        None when a task handed the view back or two tasks wrote one key (a key's records
+        in two tasks): then the caller computes it. `now_ms`: the commit time the tasks
+        gave the events; `covers` as for prepare."""
         if not all(share.ok for share in shares):
             return None
         events = events_from_bytes([e for share in shares for e in share.events])
@@ -253,9 +255,16 @@ class ViewCommitter:
         fields: dict[str, Any] = {"committed_at_ms": now_ms, **covers}
         # Rows in JSON form (as a replay's), which Delta's MERGE takes as they are.
         rows = [e.row for e in events if e.row is not None]
-        deleted = [{self.delete_on[0]: e.key} for e in events if e.row is None]
+        deleted = [self._deleted_key(e.key) for e in events if e.row is None]
         return Pending(batch_id, events, rows, deleted, fields,
                        built_writes=join_writes(share.writes for share in shares))
+
+    def _deleted_key(self, key: str) -> dict[str, Any]:
+        """A deleted row's `delete_on` columns from its key text: typed as the view's key
+        when they are its key (a view over views), else the source key's text."""
+        if self.delete_on == self.view.key:
+            return dict(zip(self.view.key, parse_key(self.view, key), strict=True))
+        return {self.delete_on[0]: key}
 
     def stored(self, batch_id: int) -> Pending:
         """The batch as Redis already holds it (a replay after a crash past the Redis

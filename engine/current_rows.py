@@ -20,7 +20,8 @@ engine.maintenance), often the whole table by another column.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -96,24 +97,55 @@ def redis_serves(view: View, column: str) -> bool:
     return column in view.indexes and info is not None and info.python_type is str
 
 
+@dataclass(frozen=True)
+class StoredTable:
+    """What RedisRows needs of one view: its generation, key, and the columns Redis
+    answers reads by (redis_serves). Picklable, with no GraphQL class, for Spark's tasks
+    (engine.task_tables)."""
+
+    generation: int
+    key: tuple[str, ...]
+    served: frozenset[str]
+
+    @classmethod
+    def of(cls, view: View, generation: int) -> StoredTable:
+        return cls(generation, view.key,
+                   frozenset(c for c in graphql_fields(view) if redis_serves(view, c)))
+
+
+class Fallback(Protocol):
+    """Where the rows Redis cannot answer come from (DeltaRows in the driver)."""
+
+    def rows_where(self, table: str, column: str, values: set[Any]) -> list[Row]: ...
+
+    def close(self) -> None: ...
+
+
 Changes = Mapping[str, Mapping[str, Row | None]]  # view -> key text -> new row (None: gone)
 
 
 class RedisRows:
-    """Reads by the key or by an indexed text column from Redis (`views` and their
-    `generations`), the rest from `fallback`, with the batch's changes laid over them.
+    """Reads by the key or by an indexed text column from Redis (`client`, the `tables`
+    it holds), the rest from `fallback`, with the batch's changes laid over them.
     Rows read from Redis are kept until the next `start_batch`: within one batch an
     input's rows do not change, and the incremental step reads some twice (found by a
     join column, then gathered by key)."""
 
-    def __init__(self, redis_url: str, views: Mapping[str, View],
-                 generations: Mapping[str, int], fallback: DeltaRows) -> None:
-        self.client = connect_redis(redis_url)
-        self.views = views
-        self.generations = generations
+    def __init__(self, client: Any, tables: Mapping[str, StoredTable],
+                 fallback: Fallback) -> None:
+        self.client = client
+        self.tables = tables
         self.fallback = fallback
         self._read: dict[tuple[str, str], Row | None] = {}  # (view, key) -> row or absent
         self.changes: Changes = {}
+
+    @classmethod
+    def for_views(cls, redis_url: str, views: Mapping[str, View],
+                  generations: Mapping[str, int], fallback: Fallback) -> RedisRows:
+        """A reader with a client of its own, for the views of `generations`."""
+        return cls(connect_redis(redis_url),
+                   {n: StoredTable.of(views[n], g) for n, g in generations.items()
+                    if n in views}, fallback)
 
     def close(self) -> None:
         self.client.close()
@@ -130,7 +162,7 @@ class RedisRows:
         changed = self.changes.get(table)
         if not changed:
             return self._stored_where(table, column, values)
-        key = self.views[table].key
+        key = self.tables[table].key
         unread = values
         if key == (column,):
             # By key: a key the batch changed is answered by its change, not read (a
@@ -146,13 +178,13 @@ class RedisRows:
         """The rows the previous batch left (Redis, or the fallback)."""
         if not values:
             return []
-        view, generation = self.views[table], self.generations[table]
-        by_key = view.key == (column,)
-        if (None in values or not redis_serves(view, column)
+        info = self.tables[table]
+        generation = info.generation
+        if (None in values or column not in info.served
                 or not self.client.hexists(meta_key(table), complete_field(generation))):
             return self.fallback.rows_where(table, column, values)
-        if by_key:
-            keys = [key_of({column: v}, view.key) for v in values]
+        if info.key == (column,):
+            keys = [key_of({column: v}, info.key) for v in values]
         else:
             keys = self._indexed_keys(table, generation, column, values)
         unread = [k for k in keys if (table, k) not in self._read]

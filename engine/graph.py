@@ -14,6 +14,10 @@ One Kafka read covers every topic those views stream. Each batch:
      (engine.incremental: the affected keys recomputed with its own SQL over its inputs'
      current rows, compared with its stored rows). An input's current rows are Redis's
      overlaid with the input's changes of this batch (engine.current_rows);
+   with `engine_task_read`, a large batch's Spark job computes them instead where it
+   can: the upsert views in the tasks that read the records (engine.task_upsert), the
+   views over views in a second stage partitioned by the value they join or group by
+   (engine.task_tables); the driver receives their writes and change events;
 3. applies every view to Redis in one round trip, between the graph's `applying` and
    `version` marks (schema.storage.graph_key), so Redis never shows a reader two versions
    of the graph for longer than that round trip, and a reader can tell;
@@ -60,7 +64,7 @@ from engine.batch_offsets import read_batch_offsets, read_initial_offsets, recor
 from engine.batch_records import ByTopic, SourceRecords, take_rows, take_table
 from engine.collector import keep_collector_out_of_batches
 from engine.commit import IN_FLIGHT, Pending, ViewCommitter, offsets_fields
-from engine.current_rows import DeltaRows, RedisRows
+from engine.current_rows import DeltaRows, RedisRows, StoredTable
 from engine.deadletter import DeadLetterWriter
 from engine.dimensions import Dimensions
 from engine.driver_fetch import DriverFetch
@@ -105,6 +109,7 @@ from engine.stream_aggregates import (
     StreamBatch,
 )
 from engine.task_read import TaskRead, TopicLayout
+from engine.task_tables import TableInTask, TablesInTasks, TaskTable, plan_routes
 from engine.task_upsert import TaskUpsert, UpsertInTask
 from engine.threads import started_threads
 from engine.views import register_query_views, scheduler_pool
@@ -174,7 +179,8 @@ class _Read:
     records: dict[str, SourceRecords]
     partials: dict[str, list[Partial]] = field(default_factory=dict)
     seen: dict[str, Seen] = field(default_factory=dict)
-    # The upsert views Spark's tasks computed (engine.task_upsert), ready to commit.
+    # The views Spark's tasks computed (engine.task_upsert, engine.task_tables), ready to
+    # commit.
     prepared: dict[str, Pending] = field(default_factory=dict)
 
 
@@ -206,9 +212,12 @@ class GraphBatch:
         # inputs on one's key (a lookup: engine.projected_join), or columns of one input
         # picked, computed and filtered (engine.incremental.projected_rows).
         self.in_driver: dict[str, Evaluate] = {}
+        self.joins: dict[str, ProjectedJoin] = {}
         for name, table in self.tables.items():
             join = ProjectedJoin.plan(table, self.lineages[name], {
                 n: catalog.views[n].key for n in table.inputs if n in catalog.views})
+            if join is not None:
+                self.joins[name] = join
             evaluate = join.rows if join is not None else projected_rows(table)
             if evaluate is not None:
                 self.in_driver[name] = evaluate
@@ -239,8 +248,8 @@ class GraphBatch:
         def delta_path(view: str) -> str:
             return delta_table_path(settings.delta_location, view, generations[view])
 
-        self.current = {v.name: RedisRows(settings.redis_url, by_name, generations,
-                                          DeltaRows(delta_path))
+        self.current = {v.name: RedisRows.for_views(settings.redis_url, by_name, generations,
+                                                    DeltaRows(delta_path))
                         for v in self.views if v.kind is ViewKind.TABLE}
         self.aggregates = {v.name: step for v in self.views if v.kind is ViewKind.TABLE
                            for step in [_aggregate_step(self.sessions[v.name],
@@ -264,8 +273,13 @@ class GraphBatch:
         # The read in Spark's tasks when every stream aggregate is evaluated without Spark
         # (engine.task_read); else the batch's records all come to the driver.
         # The tasks also compute the upsert views that pick columns of their source.
+        # So are the views over views when the graph is partitioned by one value
+        # (engine.task_tables).
+        tables_in_tasks = self._tables_in_tasks(settings, generations)
         self.task_read = (TaskRead(list(self.streams.values()), schemas,
-                                   self._upserts_in_tasks(settings, generations))
+                                   self._upserts_in_tasks(settings, generations,
+                                                          tables_in_tasks),
+                                   tables_in_tasks)
                           if settings.engine_task_read
                           and all(s.in_driver is not None for s in self.streams.values())
                           else None)
@@ -286,10 +300,11 @@ class GraphBatch:
                                      fence=f"{s.name}/graph{self.generation}")
             for s in self.sources} if dead_letters else {}
 
-    def _upserts_in_tasks(self, settings: Settings, generations: Mapping[str, int]
-                          ) -> list[tuple[str, UpsertInTask]]:
+    def _upserts_in_tasks(self, settings: Settings, generations: Mapping[str, int],
+                          tables: TablesInTasks | None) -> list[tuple[str, UpsertInTask]]:
         """(topic, view) of the upsert views Spark's tasks can compute: those whose SQL
-        picks columns of their source (self.projections)."""
+        picks columns of their source (self.projections), each routing its changes by
+        its column in `tables`' routes when views over views computed there read it."""
         found = []
         for view in self.views:
             columns = self.projections.get(view.name)
@@ -299,8 +314,37 @@ class GraphBatch:
             found.append((source.topic, UpsertInTask(
                 view.name, generations[view.name], view.key, source.key,
                 tuple(columns.items()), self.committers[view.name].redis.writes,
-                settings.redis_url)))
+                settings.redis_url, tables.routes.get(view.name) if tables else None)))
         return found
+
+    def _tables_in_tasks(self, settings: Settings, generations: Mapping[str, int]
+                         ) -> TablesInTasks | None:
+        """The views over views as Spark's tasks compute them after the upsert views
+        (engine.task_tables): when each is a join or an aggregate the driver evaluates
+        without Spark, every view they read is one of them or an upsert view the tasks
+        compute, and all are partitioned by one value (plan_routes); else None."""
+        tables = [v for v in self.views if v.kind is ViewKind.TABLE]
+        if not tables or any(self.aggregates.get(v.name) is not None
+                             and not self.aggregates[v.name].evaluated_in_driver
+                             for v in tables):
+            return None
+        inputs = {n for v in tables for n in v.reads} - {v.name for v in tables}
+        if not inputs <= set(self.projections):
+            return None
+        routes = plan_routes([(self.tables[v.name], self.lineages[v.name],
+                               self.joins.get(v.name), self.aggregates.get(v.name))
+                              for v in tables])
+        if routes is None:
+            return None
+        read = {n for v in tables for n in v.reads}
+        return TablesInTasks(
+            tuple(TableInTask(v.name, generations[v.name], v.key, routes[v.name],
+                              self.tables[v.name], self.lineages[v.name],
+                              self.joins.get(v.name), self.aggregates.get(v.name),
+                              self.committers[v.name].redis.writes) for v in tables),
+            routes,
+            {n: StoredTable.of(self.catalog.views[n], generations[n]) for n in read},
+            settings.redis_url)
 
     def close(self) -> None:
         """Release what the batch function holds beside its query, once the query has
@@ -473,7 +517,7 @@ class GraphBatch:
         if view.name in held:
             return committer.stored(batch_id)
         started = time.perf_counter()
-        if view.name in read.prepared:  # computed by Spark's tasks (engine.task_upsert)
+        if view.name in read.prepared:  # computed by Spark's tasks (engine.task_read)
             IN_FLIGHT[view.name] = batch_id
             prepared = read.prepared[view.name]
             self.timings[f"{view.name}_in_tasks"] = 1.0
@@ -619,10 +663,17 @@ class GraphBatch:
                        held: set[str], covers: Mapping[str, Any], current: set[str]
                        ) -> _Read | None:
         """The batch read by Spark's tasks (engine.task_read), which also compute the upsert
-        views of theirs in `current` (engine.task_upsert); None if the driver must read the
-        batch itself (a task handed a view back, a text that is not UTF-8)."""
+        views of theirs in `current` (engine.task_upsert) and, when all they need is in
+        `current`, the views over views (engine.task_tables); None if the driver must read
+        the batch itself (a task handed an upsert view back, a text that is not UTF-8)."""
         in_tasks = {u.view for _, u in task_read.upserts}
         now_ms = int(time.time() * 1000)
+        # The views over views too, when every view they read or compute is held whole
+        # at the previous batch (their inputs' changes then come from the tasks too).
+        tables = task_read.tables
+        with_tables = tables is not None and all(
+            name in current and name not in held
+            for name in (*tables.routes, *(t.view for t in tables.tables)))
         folded = task_read.fold(
             batch, {t: layout for t, (layout, _) in self._layout.items()},
             {n: s.max_event_time for n, s in seen.items()}, batch_id, now_ms,
@@ -630,8 +681,11 @@ class GraphBatch:
             # The last records of the upsert views the driver computes.
             {self.catalog.sources[v.source].topic for v in self.views
              if v.kind is ViewKind.UPSERT and v.name not in held
-             and (v.name not in in_tasks or v.name not in current)})
+             and (v.name not in in_tasks or v.name not in current)},
+            with_tables)
         prepared = self._prepared_by_tasks(batch_id, folded.upserts, now_ms, covers)
+        if prepared is not None and with_tables:
+            prepared.update(self._tables_by_tasks(batch_id, folded.tables, now_ms, covers))
         rows = None
         if prepared is not None:
             try:
@@ -657,6 +711,25 @@ class GraphBatch:
             log.debug("batch %d: %s handed back by a task: the driver computes the upsert "
                       "views", batch_id, ", ".join(handed), extra={"batch_id": batch_id})
             return None
+        log.debug("batch %d: %s computed by Spark's tasks", batch_id, ", ".join(prepared),
+                  extra={"batch_id": batch_id})
+        return {name: found for name, found in prepared.items() if found is not None}
+
+    def _tables_by_tasks(self, batch_id: int, shares: Mapping[str, list[TaskTable]],
+                         now_ms: int, covers: Mapping[str, Any]) -> dict[str, Pending]:
+        """The views over views the tasks computed, ready to commit; none when a task
+        handed them back (then the driver computes them from the upsert views' changes,
+        as it does without the tasks)."""
+        prepared = {name: self.committers[name].prepared_by_tasks(batch_id, found, now_ms,
+                                                                   covers)
+                    for name, found in shares.items()}
+        computed = all(found is not None for found in prepared.values())
+        for name in prepared:
+            observe_view_by_tasks(name, computed)
+        if not computed:
+            log.debug("batch %d: the views over views handed back by a task: the driver "
+                      "computes them", batch_id, extra={"batch_id": batch_id})
+            return {}
         log.debug("batch %d: %s computed by Spark's tasks", batch_id, ", ".join(prepared),
                   extra={"batch_id": batch_id})
         return {name: found for name, found in prepared.items() if found is not None}

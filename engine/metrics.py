@@ -56,10 +56,11 @@ GRAPH_READS = Counter("viewgate_graph_batch_reads",
                       "driver from Kafka, no Spark job), `spark` (a Spark job collected into "
                       "the driver) or `tasks` (folded by Spark's tasks).", ["path"])
 VIEWS_BY_TASKS = Counter("viewgate_graph_views_by_tasks",
-                         "Upsert views the tasks of a batch were asked to compute, by who "
-                         "computed them: `tasks` (engine.task_upsert) or `driver` (a task "
-                         "handed a view back: a row without a key, a record without a Kafka "
-                         "key, a text not UTF-8).",
+                         "Views the tasks of a batch were asked to compute, by who "
+                         "computed them: `tasks` (upsert views: engine.task_upsert; views "
+                         "over views: engine.task_tables) or `driver` (a task handed them "
+                         "back: a row without a key, a record without a Kafka key, a text "
+                         "not UTF-8, a row moved to another routing value).",
                          ["view", "by"])
 ROWS_CHANGED = Counter("viewgate_graph_rows_changed",
                        "Rows the view graph's batches changed, each view's change events "

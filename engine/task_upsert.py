@@ -23,6 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from engine.incremental import json_value
 from engine.sinks.redis_sink import Before, RowWrites, read_before
 from schema.redis_client import connect as connect_redis
 from schema.storage import ChangeEvent, change_op, key_of
@@ -33,12 +36,20 @@ _clients: dict[str, Any] = {}  # per Python worker: one Redis client a URL, for 
 _clients_lock = threading.Lock()
 
 
-def _client(url: str) -> Any:
+def redis_client(url: str) -> Any:
+    """The Python worker's Redis client for `url`, shared by its tasks."""
     with _clients_lock:
         found = _clients.get(url)
         if found is None:
             found = _clients[url] = connect_redis(url)
         return found
+
+
+def route_value(row: Mapping[str, Any] | None, column: str) -> bytes | None:
+    """A row's routing value (None: no row) for the views over views
+    (engine.task_tables): its `column` in JSON form, as bytes, so that a value read from
+    Redis and the same value computed compare equal."""
+    return None if row is None else orjson.dumps(json_value(row.get(column)))
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,9 @@ class TaskUpsert:
     ok: bool
     writes: bytes = b"[]"  # schema.storage.BatchWrites.encoded()
     events: tuple[bytes, ...] = ()  # ChangeEvent.to_bytes(), upserts then deletes
+    # For the views over views (engine.task_tables): each event's bytes with its routing
+    # value, once per value its previous and new rows have. Stays in the tasks.
+    routed: tuple[tuple[bytes, bytes], ...] = ()
 
     @classmethod
     def refused(cls) -> TaskUpsert:
@@ -66,11 +80,13 @@ class UpsertInTask:
     columns: tuple[tuple[str, str], ...]
     writes: RowWrites
     redis_url: str
+    route: str | None = None  # the column views over views route its changes by
 
-    def compute(self, latest: Mapping[str, Row | None], batch_id: int, now_ms: int
-                ) -> TaskUpsert:
+    def compute(self, latest: Mapping[str, Row | None], batch_id: int, now_ms: int,
+                routed: bool = False) -> TaskUpsert:
         """The view's share of the batch from its source's last record per key in this task
-        (None: tombstoned); Redis is read as the previous batch left it."""
+        (None: tombstoned); Redis is read as the previous batch left it. `routed`: its
+        events also routed to the views over views (TaskUpsert.routed)."""
         upserts: dict[str, Row] = {}
         deletes: list[str] = []
         for source_key, value in latest.items():
@@ -84,13 +100,24 @@ class UpsertInTask:
         keys = [*upserts, *deletes]
         if not keys:
             return TaskUpsert(True)
-        before = read_before(_client(self.redis_url), self.view, self.generation, keys)
+        before = read_before(redis_client(self.redis_url), self.view, self.generation, keys)
         if not self._usable(before, keys, batch_id):
             return TaskUpsert.refused()
         events = [self._event(k, r, before, batch_id, now_ms) for k, r in upserts.items()]
         events += [self._event(k, None, before, batch_id, now_ms) for k in deletes]
         writes = self.writes.batch_writes(self.generation, upserts, deletes, before.rows)
-        return TaskUpsert(True, writes.encoded(), tuple(e.to_bytes() for e in events))
+        encoded = tuple(e.to_bytes() for e in events)
+        return TaskUpsert(True, writes.encoded(), encoded,
+                          self._routed(events, encoded) if routed else ())
+
+    def _routed(self, events: list[ChangeEvent], encoded: tuple[bytes, ...]
+                ) -> tuple[tuple[bytes, bytes], ...]:
+        assert self.route is not None
+        out = []
+        for event, data in zip(events, encoded, strict=True):
+            values = {route_value(event.before, self.route), route_value(event.row, self.route)}
+            out += [(value, data) for value in values if value is not None]
+        return tuple(out)
 
     def _usable(self, before: Before, keys: list[str], batch_id: int) -> bool:
         """Whether the driver would compute the same from what Redis holds: Redis at the

@@ -91,9 +91,11 @@ class Settings(BaseSettings):
         description="The graph query's tasks fold each batch's records before they reach "
         "the driver (the last record per key; what each stream aggregate's events add) and "
         "compute the upsert views that pick columns of their source (their Redis writes "
-        "and change events, engine.task_upsert), when every stream aggregate is evaluated "
-        "without Spark. Off by default: on two local cores the Python tasks' round trip "
-        "costs more than the driver saves (docs/engine-plan.md).",
+        "and change events, engine.task_upsert) and, in a second stage partitioned by the "
+        "value the views over views join or group by, those views (engine.task_tables), "
+        "when every stream aggregate is evaluated without Spark. Off by default: on two "
+        "local cores the Python tasks' round trip costs more than the driver saves "
+        "(docs/engine-plan.md).",
     )
     engine_task_read_min_records: int = Field(
         10_000,

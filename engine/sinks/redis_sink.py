@@ -155,6 +155,20 @@ def read_before(client: Any, view: str, generation: int, keys: list[str]) -> Bef
                   None if fence is None else int(fence), complete is not None, found)
 
 
+def read_states(client: Any, view: str, generation: int, keys: list[str]
+                ) -> tuple[dict[str, bytes], bool]:
+    """The stored aggregate states of `keys` (engine.aggregates), by key, and whether
+    every group of the generation has one (its first batch marked it so)."""
+    hash_key = state_key(view, generation)
+    pipe = client.pipeline(transaction=False)
+    if keys:
+        pipe.hmget(hash_key, keys)
+    pipe.exists(states_complete_key(view, generation))
+    *found, complete = pipe.execute()
+    states = zip(keys, found[0], strict=True) if keys else ()
+    return {k: v for k, v in states if v is not None}, bool(complete)
+
+
 class RedisSink:
     def __init__(self, redis_url: str, view: View, fields: Mapping[str, FieldInfo]) -> None:
         self.view = view
@@ -201,16 +215,8 @@ class RedisSink:
         return int(self.apply_script(keys=keys, args=args))
 
     def states(self, generation: int, keys: list[str]) -> tuple[dict[str, bytes], bool]:
-        """The stored aggregate states of `keys` (engine.aggregates), by key, and whether
-        every group of the generation has one (its first batch marked it so)."""
-        hash_key = state_key(self.view.name, generation)
-        pipe = self.client.pipeline(transaction=False)
-        if keys:
-            pipe.hmget(hash_key, keys)
-        pipe.exists(states_complete_key(self.view.name, generation))
-        *found, complete = pipe.execute()
-        states = zip(keys, found[0], strict=True) if keys else ()
-        return {k: v for k, v in states if v is not None}, bool(complete)
+        """The stored aggregate states of `keys` (read_states)."""
+        return read_states(self.client, self.view.name, generation, keys)
 
     def outbox(self, generation: int, batch_id: int) -> list[ChangeEvent] | None:
         """The change events stored with `batch_id`; None if a later batch replaced them."""

@@ -50,7 +50,7 @@ def test_rows_come_from_redis_by_key_and_index_and_from_delta_otherwise(
     ViewCommitter(settings, view, 0).commit(
         0, [order("O1", "C1"), order("O2", "C1"), order("O3", "C2")])
     delta = CountingDelta(lambda name: delta_table_path(settings.delta_location, name, 0))
-    reader = RedisRows(settings.redis_url, catalog.views, generations, delta)
+    reader = RedisRows.for_views(settings.redis_url, catalog.views, generations, delta)
 
     by_index = reader.rows_where("OrderRecord", "customer_id", {"C1"})
     assert sorted(r["order_id"] for r in by_index) == ["O1", "O2"]

@@ -216,7 +216,7 @@ class _Upsert:
     def __init__(self, ok: bool) -> None:
         self.view, self.ok, self.seen = "Customer", ok, []
 
-    def compute(self, latest, batch_id, now_ms):
+    def compute(self, latest, batch_id, now_ms, routed=False):
         self.seen.append(dict(latest))
         return TaskUpsert(self.ok, b"[]", (b"{}",) if self.ok else ())
 

@@ -1,8 +1,10 @@
-"""The upsert views computed by the graph read's Spark tasks (engine.task_upsert) give what
-the driver gives: the same Redis rows and indexes, the same change events (previous rows
-included: tier changes, cancellations, deleted orders), the same Delta tables. The same
-records go through two graphs, one with the tasks' path and one without; the batch
-function runs as Spark's foreachBatch would call it."""
+"""The graph computed by its read's Spark tasks gives what the driver gives: the upsert
+views (engine.task_upsert) and the views over views after them (engine.task_tables), with
+the same Redis rows and indexes, the same change events (previous rows included: tier
+changes, cancellations, deleted orders), the same Delta tables. The same records go
+through two graphs, one with the tasks' path and one without; the batch function runs as
+Spark's foreachBatch would call it.
+"""
 
 from __future__ import annotations
 
@@ -29,30 +31,41 @@ from schema.storage import delta_table_path, index_key, key_of
 
 pytestmark = pytest.mark.integration
 
-IN_TASKS = ("Customer", "OrderRecord")  # the demo's upsert views: columns of their source
-VIEWS = (*IN_TASKS, "Order", "CustomerStats", "ProductSales")
+UPSERTS = ("Customer", "OrderRecord")  # the demo's upsert views: columns of their source
+TABLES = ("Order", "CustomerStats")  # its views over views: routed by customer_id
+VIEWS = (*UPSERTS, *TABLES, "ProductSales")
 
 
 def _rounded(row):
-    """A row with its floats rounded: the tasks fold ProductSales' sums in another order
-    (engine.task_read), which may move a float's last bits."""
+    """A row with its floats rounded: the tasks fold ProductSales' sums, and add a
+    customer's changes to CustomerStats' sums, in another order (engine.task_read,
+    engine.task_tables), which may move a float's last bits."""
     if row is None:
         return None
     return json.dumps({k: round(v, 6) if isinstance(v, float) else v
                        for k, v in row.items()}, sort_keys=True, default=str)
 
 
-def _run(spark, settings, tmp_path, task_read: bool, redis_db: int):
+def _moved(orders):
+    """An order of the first batch given to another customer (a group move)."""
+    order = next(o for o in orders[:400] if o[2] is not None)
+    other = next(json.loads(o[2])["customer_id"] for o in orders[:400] if o[2] is not None
+                 and json.loads(o[2])["customer_id"] != json.loads(order[2])["customer_id"])
+    return (order[0], order[1], json.dumps({**json.loads(order[2]), "customer_id": other}))
+
+
+def _run(spark, settings, tmp_path, task_read: bool, redis_db: int, move: bool):
     """Two batches of the same events through a graph; what each view published in the
     second, its Redis rows and index entries, its Delta rows, and which views the tasks
-    computed in each batch."""
-    name = "tasks" if task_read else "driver"
+    computed in each batch. `move`: the second batch moves an order to another
+    customer."""
+    name = ("tasks" if task_read else "driver") + ("-move" if move else "")
     settings = isolated(settings, tmp_path / name, redis_db=redis_db).model_copy(update={
         "engine_task_read": task_read, "engine_task_read_min_records": 0,
-        "engine_driver_fetch_max_records": 0, "changefeed_prefix": f"upsert{name}."})
+        "engine_driver_fetch_max_records": 0, "changefeed_prefix": f"{name}."})
     client = redis.Redis.from_url(settings.redis_url)
     client.flushdb()
-    prefix = f"upsert{name}"
+    prefix = f"upsert{name}".replace("-", "")
     catalog = catalog_on(prefix)
     generations, schemas = prepare(spark, settings, catalog)
     customers, orders = in_time_events(prefix, 800)
@@ -66,6 +79,7 @@ def _run(spark, settings, tmp_path, task_read: bool, redis_db: int):
     assert view_mismatches(client, customers[:half], orders[:400]) == []
 
     # Batch 1: tier changes among its customer events, order updates and deletes.
+    orders = orders + ([_moved(orders)] if move else [])
     produce(settings.kafka_bootstrap, customers[half:] + orders[400:])
     feeds = {v: feed_ends(settings.kafka_bootstrap, v, settings.changefeed_prefix)
              for v in VIEWS}
@@ -78,7 +92,9 @@ def _run(spark, settings, tmp_path, task_read: bool, redis_db: int):
                                                     settings.changefeed_prefix))
                  for v in VIEWS}
     rows = {v: {k: _rounded(r) for k, r in redis_rows(client, v).items()} for v in VIEWS}
-    indexes = {(v, f): sorted(client.zrange(index_key(v, 0, f), 0, -1, withscores=True))
+    # Scores rounded as the rows are: the tasks sum a group's changes in another order.
+    indexes = {(v, f): sorted((m, round(score, 6)) for m, score in client.zrange(
+        index_key(v, 0, f), 0, -1, withscores=True))
                for v in VIEWS for f in catalog.view(v).indexes}
     delta = {v: {key_of(r, catalog.view(v).key): _rounded(r) for r in arrow_rows(live_rows(
         DeltaTable(delta_table_path(settings.delta_location, v, 0))))} for v in VIEWS}
@@ -87,17 +103,21 @@ def _run(spark, settings, tmp_path, task_read: bool, redis_db: int):
     return in_tasks, published, rows, indexes, delta
 
 
-def test_the_tasks_compute_the_upsert_views_as_the_driver_does(spark, settings, tmp_path):
-    tasks = _run(spark, settings, tmp_path, True, redis_db=17)
-    driver = _run(spark, settings, tmp_path, False, redis_db=18)
+@pytest.mark.parametrize("move", [False, True], ids=["in-place", "group-move"])
+def test_the_tasks_compute_the_views_as_the_driver_does(spark, settings, tmp_path, move):
+    dbs = (19, 30) if move else (17, 18)
+    tasks = _run(spark, settings, tmp_path, True, dbs[0], move)
+    driver = _run(spark, settings, tmp_path, False, dbs[1], move)
     # The first batch meets an empty Redis without its complete mark: the tasks cannot
-    # know the previous rows, so the driver computes it. The second is the tasks'.
-    assert tasks[0] == [set(), set(IN_TASKS)]
+    # know the previous rows, so the driver computes it. The second is the tasks'; an
+    # order moved to another customer would be half in two tasks of the second stage,
+    # which hand the views over views back to the driver.
+    assert tasks[0] == [set(), set(UPSERTS) if move else {*UPSERTS, *TABLES}]
     assert driver[0] == [set(), set()]
     published_t, published_d = tasks[1], driver[1]
     for view in VIEWS:
         assert published_t[view] == published_d[view], view
-    ops = {op for view in IN_TASKS for _, op, *_ in published_t[view]}
+    ops = {op for view in (*UPSERTS, *TABLES) for _, op, *_ in published_t[view]}
     assert {"insert", "update", "delete"} <= ops  # the batch had every kind of change
     assert tasks[2] == driver[2]  # Redis rows
     assert tasks[3] == driver[3]  # index entries
