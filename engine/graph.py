@@ -15,9 +15,10 @@ One Kafka read covers every topic those views stream. Each batch:
      current rows, compared with its stored rows). An input's current rows are Redis's
      overlaid with the input's changes of this batch (engine.current_rows);
    with `engine_task_read`, a large batch's Spark job computes them instead where it
-   can: the upsert views in the tasks that read the records (engine.task_upsert), the
-   views over views in a second stage partitioned by the value they join or group by
-   (engine.task_tables); the driver receives their writes and change events;
+   can: the upsert views in the tasks that read the records (engine.task_upsert) and,
+   with `engine_task_tables`, the views over views in a second stage partitioned by the
+   value they join or group by (engine.task_tables); the driver receives their writes
+   and change events;
 3. applies every view to Redis in one round trip, between the graph's `applying` and
    `version` marks (schema.storage.graph_key), so Redis never shows a reader two versions
    of the graph for longer than that round trip, and a reader can tell;
@@ -273,9 +274,10 @@ class GraphBatch:
         # The read in Spark's tasks when every stream aggregate is evaluated without Spark
         # (engine.task_read); else the batch's records all come to the driver.
         # The tasks also compute the upsert views that pick columns of their source.
-        # So are the views over views when the graph is partitioned by one value
-        # (engine.task_tables).
-        tables_in_tasks = self._tables_in_tasks(settings, generations)
+        # So are the views over views, when the setting asks and the graph is partitioned
+        # by one value (engine.task_tables).
+        tables_in_tasks = (self._tables_in_tasks(settings, generations)
+                           if settings.engine_task_tables else None)
         self.task_read = (TaskRead(list(self.streams.values()), schemas,
                                    self._upserts_in_tasks(settings, generations,
                                                           tables_in_tasks),
@@ -727,8 +729,11 @@ class GraphBatch:
         for name in prepared:
             observe_view_by_tasks(name, computed)
         if not computed:
-            log.debug("batch %d: the views over views handed back by a task: the driver "
-                      "computes them", batch_id, extra={"batch_id": batch_id})
+            why = sorted({s.handed_back for found in shares.values() for s in found
+                          if s.handed_back})
+            log.debug("batch %d: the views over views handed back by a task (%s): the "
+                      "driver computes them", batch_id, "; ".join(why),
+                      extra={"batch_id": batch_id})
             return {}
         log.debug("batch %d: %s computed by Spark's tasks", batch_id, ", ".join(prepared),
                   extra={"batch_id": batch_id})

@@ -44,11 +44,13 @@ from pyspark.sql.types import (
     BooleanType,
     ByteType,
     LongType,
+    StringType,
     StructField,
     StructType,
     TimestampType,
 )
 
+from engine.collector import keep_collector_out_of_batches
 from engine.driver_sql import OutsideSubset
 from engine.sources import CORRUPT
 from engine.stream_aggregates import EventFold, Partial, StreamAggregate
@@ -78,11 +80,11 @@ def latest_column(stream: int) -> str:
     return f"_latest{stream}"  # its largest event time after the task (the STATS row)
 
 
-def table_columns(view: int) -> tuple[str, str, str]:
+def table_columns(view: int) -> tuple[str, str, str, str]:
     """The view-th view over views' share of a task of the second stage (the TABLED row):
-    whether the task computed it, its Redis writes, its change events
-    (engine.task_tables.TaskTable)."""
-    return f"_tb{view}_ok", f"_tb{view}_writes", f"_tb{view}_events"
+    whether the task computed it, its Redis writes, its change events, why it handed them
+    back (engine.task_tables.TaskTable)."""
+    return f"_tb{view}_ok", f"_tb{view}_writes", f"_tb{view}_events", f"_tb{view}_back"
 
 
 def upsert_columns(view: int) -> tuple[str, str, str]:
@@ -180,10 +182,11 @@ class TaskRead:
         assert self.tables is not None
         fields = list(folded.fields)
         for i in range(len(self.tables.tables)):
-            ok, writes, events = table_columns(i)
+            ok, writes, events, back = table_columns(i)
             fields += [StructField(ok, BooleanType(), True),
                        StructField(writes, BinaryType(), True),
-                       StructField(events, ArrayType(BinaryType(), False), True)]
+                       StructField(events, ArrayType(BinaryType(), False), True),
+                       StructField(back, StringType(), True)]
         return StructType(fields)
 
     def output_schema(self, batch: StructType) -> StructType:
@@ -238,7 +241,7 @@ class TaskRead:
             for i, view in enumerate(self.tables.tables):
                 columns = table_columns(i)
                 tables[view.view] = [
-                    TaskTable(r[columns[0]], r[columns[1]], tuple(r[columns[2]]))
+                    TaskTable(r[columns[0]], r[columns[1]], tuple(r[columns[2]]), r[columns[3]])
                     for r in arrow_rows(tabled.select(list(columns)))]
         return Folded(records, partials, upserts, tables)
 
@@ -277,6 +280,7 @@ class TaskFold:
         self.needed = set(needed)  # topics whose last records the driver needs
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        keep_collector_out_of_batches()  # a task's rows go by reference counting too
         read = list(batches)
         if not read:
             return
@@ -446,6 +450,7 @@ class TablesFold:
         self.batch_id, self.now_ms = batch_id, now_ms
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        keep_collector_out_of_batches()
         routed: list[bytes] = []
         for batch in batches:
             is_routed = pc.equal(batch.column(FOLD), ROUTED)
@@ -460,12 +465,14 @@ class TablesFold:
             return
         shares = compute_tables(self.tables.tables, self.tables.routes, self.tables.stored,
                                 routed, self.tables.redis_url, self.batch_id, self.now_ms)
+
         columns: dict[str, pa.Array] = {FOLD: pa.array([TABLED], pa.int8())}
         for i, share in enumerate(shares):
-            ok, writes, events = table_columns(i)
+            ok, writes, events, back = table_columns(i)
             columns[ok] = pa.array([share.ok])
             columns[writes] = pa.array([share.writes], pa.binary())
             columns[events] = pa.array([list(share.events)], self.schema.field(events).type)
+            columns[back] = pa.array([share.handed_back], pa.string())
         yield pa.RecordBatch.from_arrays(
             [columns.get(f.name, pa.nulls(1, f.type)) for f in self.schema],
             schema=self.schema)

@@ -99,6 +99,7 @@ class TaskTable:
     ok: bool
     writes: bytes = b"[]"  # schema.storage.BatchWrites.encoded()
     events: tuple[bytes, ...] = ()  # ChangeEvent.to_bytes()
+    handed_back: str | None = None  # why the task handed the views back (for the log)
 
 
 @dataclass(frozen=True)
@@ -234,8 +235,8 @@ def compute_tables(tables: Sequence[TableInTask], routes: Mapping[str, str],
             events, writes = table.compute(changes, routes, rows, client, batch_id, now_ms)
             changes[table.view] = events
             shares.append(TaskTable(True, writes, tuple(e.to_bytes() for e in events)))
-    except HandBack:
-        return [TaskTable(False) for _ in tables]
+    except HandBack as exc:
+        return [TaskTable(False, handed_back=f"{table.view}: {exc}") for _ in tables]
     return shares
 
 

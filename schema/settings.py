@@ -91,11 +91,20 @@ class Settings(BaseSettings):
         description="The graph query's tasks fold each batch's records before they reach "
         "the driver (the last record per key; what each stream aggregate's events add) and "
         "compute the upsert views that pick columns of their source (their Redis writes "
-        "and change events, engine.task_upsert) and, in a second stage partitioned by the "
-        "value the views over views join or group by, those views (engine.task_tables), "
-        "when every stream aggregate is evaluated without Spark. Off by default: on two "
+        "and change events, engine.task_upsert), when every stream aggregate is evaluated "
+        "without Spark. Off by default: on two "
         "local cores the Python tasks' round trip costs more than the driver saves "
         "(docs/engine-plan.md).",
+    )
+    engine_task_tables: bool = Field(
+        False,
+        description="With engine_task_read, the same Spark job also computes the views "
+        "over views, in a second stage over the upsert views' changes repartitioned by "
+        "the value those views join or group by (engine.task_tables), when each is a "
+        "join or a one-column aggregate evaluated without Spark, all partitioned by one "
+        "value. Off by default: on two shared cores it doubled the executors' CPU and "
+        "cost a third of the events/s for little of the driver's (docs/engine-plan.md, "
+        "\"Stage B\").",
     )
     engine_task_read_min_records: int = Field(
         10_000,

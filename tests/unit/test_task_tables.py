@@ -97,7 +97,8 @@ def test_a_row_moved_to_another_value_hands_the_views_back():
                                                  "Customer": "customer_id",
                                                  "Order": "customer_id"},
                             {}, [moved.to_bytes(), moved.to_bytes()], NOWHERE, 5, 0)
-    assert shares == [TaskTable(False)]
+    assert [(s.ok, s.handed_back) for s in shares] == [
+        (False, "Order: a row moved to another routing value")]
 
 
 def test_a_task_whose_inputs_did_not_change_writes_nothing():

@@ -11,7 +11,10 @@ exact in Redis and Delta afterwards) runs three times on the same events:
   tasks (the setting `engine_task_read`, engine.task_read, with no batch fetched from
   Kafka beside Spark): Python tasks, not the driver, keep each key's last record, fold
   ProductSales's events and compute OrderRecord's Redis writes and change events
-  (engine.task_upsert).
+  (engine.task_upsert);
+- on both once more with the views over views computed by the same job too (the setting
+  `engine_task_tables`, engine.task_tables): Order's join and CustomerStats' aggregate in
+  a second stage partitioned by customer.
 
 Meanwhile the CPU of the engine's processes is sampled from /proc every half second: the
 driver (this process: Python, and its JVM; and its read-ahead process, engine.read_ahead,
@@ -58,6 +61,12 @@ FIGURES = (
     Figure("engine_driver_cpu_share_local_task_read", "driver CPU share, local[2], read in "
            "tasks", "share"),
     Figure("engine_driver_cpu_share_cluster_task_read", "the same, two workers", "share"),
+    Figure("engine_events_per_s_local_task_tables", "events/s, local[2], views over views "
+           "in tasks too", "events/s"),
+    Figure("engine_events_per_s_2_workers_task_tables", "the same, two workers", "events/s"),
+    Figure("engine_driver_cpu_share_local_task_tables", "driver CPU share, local[2], views "
+           "over views in tasks too", "share"),
+    Figure("engine_driver_cpu_share_cluster_task_tables", "the same, two workers", "share"),
 )
 
 _SAMPLE_S = 0.5
@@ -263,6 +272,9 @@ def run(ctx: BenchContext) -> GroupResult:
     task_read = {"engine_task_read": True, "engine_driver_fetch_max_records": 0}
     local_tasks = _graph_run(ctx, ctx.spark_session, "local-task-read", catalog, events, placed,
                              [], **task_read)
+    task_tables = {**task_read, "engine_task_tables": True}
+    local_tables = _graph_run(ctx, ctx.spark_session, "local-task-tables", catalog, events,
+                              placed, [], **task_tables)
     standalone = SparkStandalone(ctx.workdir / "spark", workers=2, cores_per_worker=1,
                                  memory_per_worker="1g")
     standalone.start()
@@ -277,6 +289,8 @@ def run(ctx: BenchContext) -> GroupResult:
                                      placed, worker_pids)
         runs_tasks = _graph_run(ctx, spark, "standalone-2-task-read", catalog, events, placed,
                                 worker_pids, **task_read)
+        runs_tables = _graph_run(ctx, spark, "standalone-2-task-tables", catalog, events,
+                                 placed, worker_pids, **task_tables)
     finally:
         _stop_session(ctx)  # before its workers go
         standalone.stop()
@@ -291,10 +305,16 @@ def run(ctx: BenchContext) -> GroupResult:
         "engine_events_per_s_2_workers_task_read": runs_tasks["events_per_s"],
         "engine_driver_cpu_share_local_task_read": local_tasks["driver_share"],
         "engine_driver_cpu_share_cluster_task_read": runs_tasks["driver_share"],
+        "engine_events_per_s_local_task_tables": local_tables["events_per_s"],
+        "engine_events_per_s_2_workers_task_tables": runs_tables["events_per_s"],
+        "engine_driver_cpu_share_local_task_tables": local_tables["driver_share"],
+        "engine_driver_cpu_share_cluster_task_tables": runs_tables["driver_share"],
         "engine_cluster_events": events,
         "engine_cluster_profile": {"local": local, "1_worker": runs[1], "2_workers": runs[2],
                                    "local_task_read": local_tasks,
-                                   "2_workers_task_read": runs_tasks},
+                                   "2_workers_task_read": runs_tasks,
+                                   "local_task_tables": local_tables,
+                                   "2_workers_task_tables": runs_tables},
     })
 
 
