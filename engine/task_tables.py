@@ -133,9 +133,9 @@ class TableInTask:
         read: list[Before] = []
 
         def stored(keys: set[Key]) -> StoredRows:
-            texts = {self._text(k): k for k in keys}
-            if len(texts) < len(keys) or any(None in k for k in keys):
+            if any(None in k for k in keys):  # before key_of, which refuses a null
                 raise HandBack("a row without a key")  # the driver dead-letters it
+            texts = {self._text(k): k for k in keys}
             before = read_before(client, self.view, self.generation, list(texts))
             if before.fence != batch_id - 1 or not before.complete:
                 raise HandBack("Redis is not at the previous batch")
