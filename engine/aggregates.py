@@ -49,6 +49,7 @@ from sqlglot import exp
 from engine.analyzer import analysed
 from engine.driver_sql import OutsideSubset, Projection, driver_or_spark, schema_types
 from engine.incremental import Change, Key, Row, changed_rows, json_value
+from schema.storage import Op, op_hdel, op_hset
 
 SIDE = "__vg_side"  # which side of a change an input row is: REMOVED or ADDED
 REMOVED, ADDED = "r", "a"
@@ -379,6 +380,13 @@ class AggregateStep:
                 elif value > held:  # max
                     state[name] = value
         return out
+
+    def state_ops(self, state_hash: str, states: Mapping[str, State | None]) -> list[Op]:
+        """The Redis writes of the groups' new states, by key text (None: the group is
+        gone), into the view's state hash."""
+        return [op_hdel(state_hash, key) if state is None
+                else op_hset(state_hash, key, self.codec.encode(state))
+                for key, state in states.items()]
 
     def empty(self) -> State:
         """The state of no rows."""

@@ -136,8 +136,6 @@ from schema.storage import (
     key_of,
     meta_key,
     op_del,
-    op_hdel,
-    op_hset,
     op_set,
     parse_key,
     state_key,
@@ -854,10 +852,7 @@ class GraphBatch:
 
         found, new_states = step.changes(self.sessions[view.name], changes.get(plan.table, []),
                                          key_text, states, stored, group_rows)
-        ops += [op_hdel(state_hash, key) if state is None
-                else op_hset(state_hash, key, step.codec.encode(state))
-                for key, state in new_states.items()]
-        return found, ops
+        return found, ops + step.state_ops(state_hash, new_states)
 
 
 def _aggregate_step(session: SparkSession, table: TableView, schema: StructType

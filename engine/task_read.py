@@ -151,17 +151,17 @@ class TaskRead:
     def fold(self, batch: DataFrame, layout: Mapping[str, TopicLayout],
              seen: Mapping[str, datetime.datetime | None], batch_id: int = 0,
              now_ms: int = 0, upserts: Collection[str] = (),
-             needed: Collection[str] = (), tables: bool = False) -> Folded:
+             needed: Collection[str] = (), with_tables: bool = False) -> Folded:
         """Run the batch's read as tasks and collect what they folded. `seen`: each stream
         aggregate's largest event time before the batch (its watermark's base). `upserts`:
         the upsert views to compute in the tasks, as batch `batch_id`
         committed at `now_ms`; `needed`: the topics whose last records the driver needs
-        even so (an upsert view it computes reads them). `tables`: the views over views
-        computed too, in a second stage of the job over the upsert views' changes
+        even so (an upsert view it computes reads them). `with_tables`: the views over
+        views computed too, in a second stage of the job over the upsert views' changes
         repartitioned by their routing value (engine.task_tables)."""
         schema = self.output_schema(batch.schema)
         arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        routed = tables and self.tables is not None
+        routed = with_tables and self.tables is not None
         fold = TaskFold(layout, [(s.source.topic, s.fold, seen.get(s.view.name))
                                  for s in self.streams],
                         arrow_schema,

@@ -50,15 +50,12 @@ from engine.incremental import (
 from engine.lineage import Lineage
 from engine.projected_join import ProjectedJoin
 from engine.sinks.redis_sink import Before, RowWrites, read_before, read_states
-from engine.task_upsert import redis_client, route_value
+from engine.task_upsert import batch_events, redis_client, route_value
 from schema.storage import (
     ChangeEvent,
     Op,
-    change_op,
     events_from_bytes,
     key_of,
-    op_hdel,
-    op_hset,
     state_key,
 )
 
@@ -155,8 +152,8 @@ class TableInTask:
         upserts = {key_of(new, self.key): new for _, new in found.values() if new is not None}
         deletes = [key_of(old, self.key) for old, new in found.values()
                    if new is None and old is not None]
-        events = [self._event(k, r, before, batch_id, now_ms) for k, r in upserts.items()]
-        events += [self._event(k, None, before, batch_id, now_ms) for k in deletes]
+        events = batch_events(self.view, self.generation, upserts, deletes, before, batch_id,
+                              now_ms)
         writes = self.writes.batch_writes(self.generation, upserts, deletes, before.rows, ops)
         return events, writes.encoded()
 
@@ -180,7 +177,6 @@ class TableInTask:
                     ops: list[Op]) -> dict[Key, Change]:
         """As the driver's aggregate step (engine.graph), with the states read here."""
         plan = step.plan
-        state_hash = state_key(self.view, self.generation)
 
         def states(texts: list[str]) -> tuple[dict[str, State], bool]:
             found, complete = read_states(client, self.view, self.generation, texts)
@@ -192,16 +188,8 @@ class TableInTask:
 
         found, new_states = step.changes(_NoSpark(), pairs.get(plan.table, []),  # type: ignore[arg-type]
                                          self._text, states, stored, group_rows)
-        ops += [op_hdel(state_hash, key) if state is None
-                else op_hset(state_hash, key, step.codec.encode(state))
-                for key, state in new_states.items()]
+        ops += step.state_ops(state_key(self.view, self.generation), new_states)
         return found
-
-    def _event(self, key: str, row: Row | None, before: Before, batch_id: int,
-               now_ms: int) -> ChangeEvent:
-        old = before.rows.get(key)
-        return ChangeEvent(self.view, key, change_op(old, row), row, old, batch_id,
-                           self.generation, now_ms, before.encoded.get(key))
 
 
 @dataclass(frozen=True)

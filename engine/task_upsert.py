@@ -19,7 +19,7 @@ records may be in several tasks) or with a key that is not UTF-8.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,18 @@ def route_value(row: Mapping[str, Any] | None, column: str) -> bytes | None:
     (engine.task_tables): its `column` in JSON form, as bytes, so that a value read from
     Redis and the same value computed compare equal."""
     return None if row is None else orjson.dumps(json_value(row.get(column)))
+
+
+def batch_events(view: str, generation: int, upserts: Mapping[str, Row],
+                 deletes: Sequence[str], before: Before, batch_id: int, now_ms: int
+                 ) -> list[ChangeEvent]:
+    """A view's change events as a task computes them: the upserted rows by key, then the
+    deleted keys, each with the row Redis held before the batch (`before`)."""
+    def event(key: str, row: Row | None) -> ChangeEvent:
+        old = before.rows.get(key)
+        return ChangeEvent(view, key, change_op(old, row), row, old, batch_id, generation,
+                           now_ms, before.encoded.get(key))
+    return [event(k, r) for k, r in upserts.items()] + [event(k, None) for k in deletes]
 
 
 @dataclass(frozen=True)
@@ -103,8 +115,8 @@ class UpsertInTask:
         before = read_before(redis_client(self.redis_url), self.view, self.generation, keys)
         if not self._usable(before, keys, batch_id):
             return TaskUpsert.refused()
-        events = [self._event(k, r, before, batch_id, now_ms) for k, r in upserts.items()]
-        events += [self._event(k, None, before, batch_id, now_ms) for k in deletes]
+        events = batch_events(self.view, self.generation, upserts, deletes, before, batch_id,
+                              now_ms)
         writes = self.writes.batch_writes(self.generation, upserts, deletes, before.rows)
         encoded = tuple(e.to_bytes() for e in events)
         return TaskUpsert(True, writes.encoded(), encoded,
@@ -126,10 +138,3 @@ class UpsertInTask:
         if before.fence is not None and before.fence != batch_id - 1:
             return False
         return before.complete or all(k in before.rows for k in keys)
-
-    def _event(self, key: str, row: Row | None, before: Before, batch_id: int,
-               now_ms: int) -> ChangeEvent:
-        old = before.rows.get(key)
-        return ChangeEvent(self.view, key, change_op(old, row), row, old, batch_id,
-                           self.generation, now_ms, before.encoded.get(key))
-
