@@ -69,53 +69,78 @@ EXTRA = {"in-place": lambda orders: [], "group-move": lambda orders: [_moved(ord
          "no-customer": lambda orders: [_without_customer(orders)]}
 
 
+class _Graph:
+    """A graph named `name`, on topics and a Redis database of its own, with or without
+    the tasks' path; its batches run by hand, as Spark's foreachBatch would call them."""
+
+    def __init__(self, spark, settings, tmp_path, task_read: bool, redis_db: int,
+                 name: str) -> None:
+        self.prefix = name.replace("-", "")
+        self.settings = isolated(settings, tmp_path / name, redis_db=redis_db).model_copy(
+            update={"engine_task_read": task_read, "engine_task_tables": task_read,
+                    "engine_task_read_min_records": 0, "engine_driver_fetch_max_records": 0,
+                    "changefeed_prefix": f"{name}."})
+        self.client = redis.Redis.from_url(self.settings.redis_url)
+        self.client.flushdb()
+        self.catalog = catalog_on(self.prefix)
+        generations, schemas = prepare(spark, self.settings, self.catalog)
+        self.step = GraphBatch(spark, self.settings, self.catalog, generations, schemas,
+                               str(tmp_path / name / "checkpoint"), dead_letters=False)
+        self.ends: dict = {}
+        self.spark = spark
+
+    def on_topics(self, records: list) -> list:
+        """Records of the shop's topics (no prefix) on this graph's topics."""
+        return [(f"{self.prefix}.{topic}", key, value) for topic, key, value in records]
+
+    def run(self, batch_id: int, records: list) -> set[str]:
+        """One batch of `records` (on this graph's topics): the views Spark's tasks
+        computed in it."""
+        produce(self.settings.kafka_bootstrap, records)
+        batch, self.ends = graph_records(self.spark, self.settings, self.catalog, self.ends)
+        self.step(batch, batch_id)
+        return {v for v in VIEWS if f"{v}_in_tasks" in self.step.timings}
+
+    def rows(self) -> dict:
+        return {v: {k: _rounded(r) for k, r in redis_rows(self.client, v).items()}
+                for v in VIEWS}
+
+    def close(self) -> None:
+        self.step.close()
+        self.client.close()
+
+
 def _run(spark, settings, tmp_path, task_read: bool, redis_db: int, case: str):
     """Two batches of the same events through a graph; what each view published in the
     second, its Redis rows and index entries, its Delta rows, and which views the tasks
     computed in each batch. `case`: what the second batch adds to the shop's events
     (EXTRA)."""
-    name = f"{'tasks' if task_read else 'driver'}-{case}"
-    settings = isolated(settings, tmp_path / name, redis_db=redis_db).model_copy(update={
-        "engine_task_read": task_read, "engine_task_tables": task_read,
-        "engine_task_read_min_records": 0, "engine_driver_fetch_max_records": 0,
-        "changefeed_prefix": f"{name}."})
-    client = redis.Redis.from_url(settings.redis_url)
-    client.flushdb()
-    prefix = f"upsert{name}".replace("-", "")
-    catalog = catalog_on(prefix)
-    generations, schemas = prepare(spark, settings, catalog)
-    customers, orders = in_time_events(prefix, 800)
+    graph = _Graph(spark, settings, tmp_path, task_read, redis_db,
+                   f"upsert{'tasks' if task_read else 'driver'}-{case}")
+    settings, client, catalog = graph.settings, graph.client, graph.catalog
+    customers, orders = in_time_events(graph.prefix, 800)
     half = len(customers) // 2
-    produce(settings.kafka_bootstrap, customers[:half] + orders[:400])
-    step = GraphBatch(spark, settings, catalog, generations, schemas,
-                      str(tmp_path / name / "checkpoint"), dead_letters=False)
-    batch, ends = graph_records(spark, settings, catalog, {})
-    step(batch, 0)
-    in_tasks = [{v for v in VIEWS if f"{v}_in_tasks" in step.timings}]
+    in_tasks = [graph.run(0, customers[:half] + orders[:400])]
     assert view_mismatches(client, customers[:half], orders[:400]) == []
 
     # Batch 1: tier changes among its customer events, order updates and deletes.
     orders = orders + EXTRA[case](orders)
-    produce(settings.kafka_bootstrap, customers[half:] + orders[400:])
     feeds = {v: feed_ends(settings.kafka_bootstrap, v, settings.changefeed_prefix)
              for v in VIEWS}
-    batch, _ = graph_records(spark, settings, catalog, ends)
-    step(batch, 1)
-    in_tasks.append({v for v in VIEWS if f"{v}_in_tasks" in step.timings})
+    in_tasks.append(graph.run(1, customers[half:] + orders[400:]))
     assert view_mismatches(client, customers, orders) == []
     published = {v: sorted((e.key, e.op, _rounded(e.row), _rounded(e.before), e.version)
                            for _, e in feed_changes(settings.kafka_bootstrap, v, feeds[v],
                                                     settings.changefeed_prefix))
                  for v in VIEWS}
-    rows = {v: {k: _rounded(r) for k, r in redis_rows(client, v).items()} for v in VIEWS}
     # Scores rounded as the rows are: the tasks sum a group's changes in another order.
     indexes = {(v, f): sorted((m, round(score, 6)) for m, score in client.zrange(
         index_key(v, 0, f), 0, -1, withscores=True))
                for v in VIEWS for f in catalog.view(v).indexes}
     delta = {v: {key_of(r, catalog.view(v).key): _rounded(r) for r in arrow_rows(live_rows(
         DeltaTable(delta_table_path(settings.delta_location, v, 0))))} for v in VIEWS}
-    step.close()
-    client.close()
+    rows = graph.rows()
+    graph.close()
     return in_tasks, published, rows, indexes, delta
 
 
@@ -194,50 +219,14 @@ def _random_batches(rng: random.Random, count: int) -> list[tuple[list, list]]:
     return batches
 
 
-class _Graph:
-    """A graph on topics and a Redis database of its own, its batches run by hand."""
-
-    def __init__(self, spark, settings, tmp_path, task_read: bool, redis_db: int) -> None:
-        name = f"random{'tasks' if task_read else 'driver'}"
-        self.prefix = name
-        self.settings = isolated(settings, tmp_path / name, redis_db=redis_db).model_copy(
-            update={"engine_task_read": task_read, "engine_task_tables": task_read,
-                    "engine_task_read_min_records": 0, "engine_driver_fetch_max_records": 0,
-                    "changefeed_prefix": f"{name}."})
-        self.client = redis.Redis.from_url(self.settings.redis_url)
-        self.client.flushdb()
-        self.catalog = catalog_on(name)
-        generations, schemas = prepare(spark, self.settings, self.catalog)
-        self.step = GraphBatch(spark, self.settings, self.catalog, generations, schemas,
-                               str(tmp_path / name / "checkpoint"), dead_letters=False)
-        self.ends: dict = {}
-        self.spark = spark
-
-    def run(self, batch_id: int, records: list) -> set[str]:
-        """One batch of `records`: the views Spark's tasks computed in it."""
-        produce(self.settings.kafka_bootstrap,
-                [(f"{self.prefix}.{topic}", key, value) for topic, key, value in records])
-        batch, self.ends = graph_records(self.spark, self.settings, self.catalog, self.ends)
-        self.step(batch, batch_id)
-        return {v for v in VIEWS if f"{v}_in_tasks" in self.step.timings}
-
-    def rows(self) -> dict:
-        return {v: {k: _rounded(r) for k, r in redis_rows(self.client, v).items()}
-                for v in VIEWS}
-
-    def close(self) -> None:
-        self.step.close()
-        self.client.close()
-
-
 def test_random_batches_through_the_tasks_equal_their_batch_computation(
         spark, settings, tmp_path):
     """Property-style: random tier changes, status changes, deletes and group moves, batch
     after batch; after each, both graphs hold what the batch computation of every event
     so far gives, and the same rows. The tasks compute the views over views in the
     batches without a move and hand them back in those with one."""
-    graphs = [_Graph(spark, settings, tmp_path, True, 9),
-              _Graph(spark, settings, tmp_path, False, 10)]
+    graphs = [_Graph(spark, settings, tmp_path, True, 9, "randomtasks"),
+              _Graph(spark, settings, tmp_path, False, 10, "randomdriver")]
     seen_customers: list = []
     seen_orders: list = []
     computed = []
@@ -245,13 +234,14 @@ def test_random_batches_through_the_tasks_equal_their_batch_computation(
         for batch_id, (customers, orders) in enumerate(_random_batches(random.Random(7), 6)):
             seen_customers += customers
             seen_orders += orders
-            by_tasks = [graph.run(batch_id, customers + orders) for graph in graphs]
+            by_tasks = [graph.run(batch_id, graph.on_topics(customers + orders))
+                        for graph in graphs]
             computed.append(by_tasks[0])
             assert by_tasks[1] == set()
             for graph in graphs:
-                prefixed = [[(f"{graph.prefix}.{t}", k, v) for t, k, v in events]
-                            for events in (seen_customers, seen_orders)]
-                assert view_mismatches(graph.client, *prefixed) == [], (batch_id, graph.prefix)
+                assert view_mismatches(graph.client, graph.on_topics(seen_customers),
+                                       graph.on_topics(seen_orders)) == [], (batch_id,
+                                                                             graph.prefix)
             assert graphs[0].rows() == graphs[1].rows(), batch_id
     finally:
         for graph in graphs:
