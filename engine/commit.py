@@ -19,11 +19,17 @@ from typing import Any
 from engine.batch_offsets import read_batch_offsets
 from engine.failpoints import failpoint
 from engine.maintenance import MaintenanceSchedule, background_for
-from engine.metrics import MAINTENANCE_SECONDS, MAINTENANCE_WAIT_SECONDS, observe_rejected
+from engine.metrics import (
+    MAINTENANCE_SECONDS,
+    MAINTENANCE_WAIT_SECONDS,
+    observe_delta_by_tasks,
+    observe_rejected,
+)
 from engine.sinks.changefeed import ChangeFeed
 from engine.sinks.delta_sink import DeltaSink
 from engine.sinks.redis_sink import Before, RedisSink
 from engine.sinks.rejects import Rejects, split_keyless
+from engine.task_delta import WrittenShare
 from engine.task_tables import TaskTable
 from engine.task_upsert import TaskUpsert
 from schema.catalog import View, graphql_fields
@@ -73,6 +79,10 @@ class Pending:
     # The Redis writes built already (by Spark's tasks, engine.task_upsert), as the apply
     # script's JSON: then redis_upserts, redis_deletes and old_rows are empty.
     built_writes: bytes | None = None
+    # The Delta files the tasks wrote (engine.task_delta), until to_delta commits or
+    # deletes them; None when the driver writes the batch's rows.
+    written: list[WrittenShare] | None = None
+    delta_by_tasks: bool = False  # the Delta commit was of the tasks' files
 
     def new_rows(self) -> dict[str, Mapping[str, Any] | None]:
         """Key text -> the row as this batch leaves it (None: deleted), for every key whose
@@ -247,17 +257,31 @@ class ViewCommitter:
         None when a task handed the view back or two tasks wrote one key (a key's records
         in two tasks): then the caller computes it. `now_ms`: the commit time the tasks
         gave the events; `covers` as for prepare."""
+        written = [w for share in shares if share.ok
+                   for w in [WrittenShare.decoded(share.files)] if w is not None]
         if not all(share.ok for share in shares):
+            self.discard(written)
             return None
         events = events_from_bytes([e for share in shares for e in share.events])
         if len({e.key for e in events}) < len(events):
+            self.discard(written)
             return None
         fields: dict[str, Any] = {"committed_at_ms": now_ms, **covers}
         # Rows in JSON form (as a replay's), which Delta's MERGE takes as they are.
         rows = [e.row for e in events if e.row is not None]
         deleted = [self._deleted_key(e.key) for e in events if e.row is None]
         return Pending(batch_id, events, rows, deleted, fields,
-                       built_writes=join_writes(share.writes for share in shares))
+                       built_writes=join_writes(share.writes for share in shares),
+                       written=written or None)
+
+    def discard(self, written: Sequence[WrittenShare] | Pending | None) -> None:
+        """Delete Delta files the tasks wrote that will not be committed (of a Pending:
+        those it still holds)."""
+        shares = written
+        if isinstance(written, Pending):
+            shares, written.written = written.written, None
+        if shares:
+            self.delta.discard([name for share in shares for name in share.names()])
 
     def _deleted_key(self, key: str) -> dict[str, Any]:
         """A deleted row's `delete_on` columns from its key text: typed as the view's key
@@ -296,6 +320,7 @@ class ViewCommitter:
         first attempt stored (a view over views recomputed on a replay would hand over no
         change at all)."""
         if status == REPLAYED:
+            self.discard(pending)  # the first attempt's rows are committed from the outbox
             replayed = self.stored(pending.batch_id)
             pending.events, pending.rows, pending.deleted = (
                 replayed.events, replayed.rows, replayed.deleted)
@@ -340,21 +365,37 @@ class ViewCommitter:
             # as Redis returned it where the event has that text (a replay's events do not).
             previous = {e.key: e.before_text or e.before for e in pending.events
                         if e.before is not None}
-            self._merge(pending.batch_id, pending.rows, pending.deleted, metadata, previous,
-                        ready)
+            written, pending.written = pending.written, None  # the MERGE's from here
+            pending.delta_by_tasks = self._merge(pending.batch_id, pending.rows,
+                                                 pending.deleted, metadata, previous, ready,
+                                                 written)
         finally:
             IN_FLIGHT.pop(self.view.name, None)
 
     def _merge(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
                deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any],
                previous: Mapping[str, Mapping[str, Any]],
-               ready: Callable[[], Any] = lambda: None) -> None:
+               ready: Callable[[], Any] = lambda: None,
+               written: Sequence[WrittenShare] | None = None) -> bool:
+        """The batch's MERGE: of the files the tasks `written` when there are and Delta
+        takes them (DeltaSink.merge_written), else of `rows` and `deleted`. Whether the
+        tasks' files were committed."""
         started = time.perf_counter()
         waited = self.background.wait()  # never a MERGE and maintenance on the table at once
         if waited:
             MAINTENANCE_WAIT_SECONDS.labels(self.view.name).observe(waited)
-        merged = self.delta.merge(batch_id, rows, deleted, self.delete_on, metadata=metadata,
-                                  previous=previous, ready=ready)
+        merged = (self.delta.merge_written(batch_id, written, metadata, ready)
+                  if written else None)
+        by_tasks = merged is True
+        if written:
+            observe_delta_by_tasks(self.view.name, by_tasks)
+        if merged is None:
+            if written:
+                log.warning("%s batch %d: the tasks' previous rows are not Delta's; the "
+                            "driver merges the batch's rows", self.view.name, batch_id,
+                            extra={"view": self.view.name, "batch_id": batch_id})
+            merged = self.delta.merge(batch_id, rows, deleted, self.delete_on,
+                                      metadata=metadata, previous=previous, ready=ready)
         failpoint("after_delta", self.view.name)
         if merged and self.maintenance.due():  # a replayed batch leaves the table alone
             self.background.start(lambda: self._maintain(batch_id))
@@ -362,11 +403,13 @@ class ViewCommitter:
             self.background.start(lambda: self._maintain(batch_id, small_files_only=True))
         if log.isEnabledFor(logging.DEBUG):
             delta_ms = (time.perf_counter() - started) * 1000
-            log.debug("%s batch %d: delta %.0f ms (%.0f ms waiting for maintenance)",
+            log.debug("%s batch %d: delta %.0f ms (%.0f ms waiting for maintenance)%s",
                       self.view.name, batch_id, delta_ms, waited * 1000,
+                      ", files written by Spark's tasks" if by_tasks else "",
                       extra={"view": self.view.name, "batch_id": batch_id,
                              "timings": {"delta_ms": delta_ms,
                                          "maintenance_wait_ms": waited * 1000}})
+        return by_tasks
 
     def _rows_of(self, events: Sequence[ChangeEvent]
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -109,13 +109,14 @@ from engine.stream_aggregates import (
     StreamAggregate,
     StreamBatch,
 )
+from engine.task_delta import DeltaInTask
 from engine.task_read import TaskRead, TopicLayout
 from engine.task_tables import TableInTask, TablesInTasks, TaskTable, plan_routes
 from engine.task_upsert import TaskUpsert, UpsertInTask
 from engine.threads import started_threads
 from engine.views import register_query_views, scheduler_pool
 from schema.catalog import Catalog, Source, View, ViewKind, parse_duration_ms
-from schema.object_store import read_text, replace_text, subfolders
+from schema.object_store import read_text, replace_text, s3_environment, subfolders
 from schema.redis_client import connect as connect_redis
 from schema.redis_client import is_cluster
 from schema.settings import Settings
@@ -314,8 +315,17 @@ class GraphBatch:
             found.append((source.topic, UpsertInTask(
                 view.name, generations[view.name], view.key, source.key,
                 tuple(columns.items()), self.committers[view.name].redis.writes,
-                settings.redis_url, tables.routes.get(view.name) if tables else None)))
+                settings.redis_url, tables.routes.get(view.name) if tables else None,
+                self._delta_in_tasks(settings, view))))
         return found
+
+    def _delta_in_tasks(self, settings: Settings, view: View) -> DeltaInTask | None:
+        """The view's table as the tasks that compute it write its files, when the setting
+        asks and the table allows (engine.task_delta); None: the driver writes it."""
+        committer = self.committers[view.name]
+        if not settings.engine_task_delta or committer.delete_on != view.key:
+            return None
+        return committer.delta.task_writer(s3_environment(settings))
 
     def _tables_in_tasks(self, settings: Settings, generations: Mapping[str, int]
                          ) -> TablesInTasks | None:
@@ -341,7 +351,8 @@ class GraphBatch:
             tuple(TableInTask(v.name, generations[v.name], v.key, routes[v.name],
                               self.tables[v.name], self.lineages[v.name],
                               self.joins.get(v.name), self.aggregates.get(v.name),
-                              self.committers[v.name].redis.writes) for v in tables),
+                              self.committers[v.name].redis.writes,
+                              self._delta_in_tasks(settings, v)) for v in tables),
             routes,
             {n: StoredTable.of(self.catalog.views[n], generations[n]) for n in read},
             settings.redis_url)
@@ -407,9 +418,14 @@ class GraphBatch:
             pending = {name: f.result() for name, f in computing.items()}
             if not self._commit(batch_id, pending):
                 return  # as above: the engine restarts the query on the new generation
+            for name, prepared in pending.items():
+                if prepared.delta_by_tasks:
+                    self.timings[f"{name}_delta_in_tasks"] = 1.0
         finally:
             for view in self.views:
                 IN_FLIGHT.pop(view.name, None)
+            for name, prepared in read.prepared.items():
+                self.committers[name].discard(prepared)  # files of a batch that failed
         self.timings["batch_ms"] = (time.perf_counter() - started) * 1000
         lap = time.perf_counter()
         if self.trim_free_memory():  # what a batch far larger than the usual left (malloc)
@@ -695,6 +711,8 @@ class GraphBatch:
         for name in folded.upserts:
             observe_view_by_tasks(name, rows is not None)
         if rows is None or prepared is None:
+            for name, found in (prepared or {}).items():
+                self.committers[name].discard(found)
             return None
         take_rows(rows, by_topic, by_tasks=True)
         return _Read(records, folded.partials, dict(seen), prepared)
@@ -708,6 +726,8 @@ class GraphBatch:
                     for name, shares in upserts.items()}
         handed = sorted(name for name, found in prepared.items() if found is None)
         if handed:
+            for name, found in prepared.items():
+                self.committers[name].discard(found)
             log.debug("batch %d: %s handed back by a task: the driver computes the upsert "
                       "views", batch_id, ", ".join(handed), extra={"batch_id": batch_id})
             return None
@@ -727,6 +747,8 @@ class GraphBatch:
         for name in prepared:
             observe_view_by_tasks(name, computed)
         if not computed:
+            for name, found in prepared.items():
+                self.committers[name].discard(found)
             why = sorted({s.handed_back for found in shares.values() for s in found
                           if s.handed_back})
             log.debug("batch %d: the views over views handed back by a task (%s): the "

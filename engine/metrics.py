@@ -62,6 +62,11 @@ VIEWS_BY_TASKS = Counter("viewgate_graph_views_by_tasks",
                          "back: a row without a key, a record without a Kafka key, a text "
                          "not UTF-8, a row moved to another routing value).",
                          ["view", "by"])
+DELTA_BY_TASKS = Counter("viewgate_graph_delta_commits_by_tasks",
+                         "Delta commits of views whose files the batch's tasks wrote "
+                         "(engine.task_delta), by who wrote the committed files: `tasks`, or "
+                         "`driver` (the tasks' previous rows were not Delta's, or the batch "
+                         "was replayed).", ["view", "by"])
 ROWS_CHANGED = Counter("viewgate_graph_rows_changed",
                        "Rows the view graph's batches changed, each view's change events "
                        "counted: what a batch's cost should follow.", ["view"])
@@ -82,6 +87,10 @@ def observe_graph_read(path: str) -> None:
 
 def observe_view_by_tasks(view: str, by_tasks: bool) -> None:
     VIEWS_BY_TASKS.labels(view, "tasks" if by_tasks else "driver").inc()
+
+
+def observe_delta_by_tasks(view: str, by_tasks: bool) -> None:
+    DELTA_BY_TASKS.labels(view, "tasks" if by_tasks else "driver").inc()
 
 
 def observe_rows_changed(view: str, rows: int) -> None:

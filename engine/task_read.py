@@ -80,17 +80,19 @@ def latest_column(stream: int) -> str:
     return f"_latest{stream}"  # its largest event time after the task (the STATS row)
 
 
-def table_columns(view: int) -> tuple[str, str, str, str]:
+def table_columns(view: int) -> tuple[str, str, str, str, str]:
     """The view-th view over views' share of a task of the second stage (the TABLED row):
     whether the task computed it, its Redis writes, its change events, why it handed them
-    back (engine.task_tables.TaskTable)."""
-    return f"_tb{view}_ok", f"_tb{view}_writes", f"_tb{view}_events", f"_tb{view}_back"
+    back, the Delta files it wrote (engine.task_tables.TaskTable)."""
+    return (f"_tb{view}_ok", f"_tb{view}_writes", f"_tb{view}_events", f"_tb{view}_back",
+            f"_tb{view}_files")
 
 
-def upsert_columns(view: int) -> tuple[str, str, str]:
+def upsert_columns(view: int) -> tuple[str, str, str, str]:
     """The view-th upsert view's share of the task (the UPSERTED row): whether the task
-    computed it, its Redis writes, its change events (engine.task_upsert.TaskUpsert)."""
-    return f"_up{view}_ok", f"_up{view}_writes", f"_up{view}_events"
+    computed it, its Redis writes, its change events, the Delta files it wrote
+    (engine.task_upsert.TaskUpsert)."""
+    return f"_up{view}_ok", f"_up{view}_writes", f"_up{view}_events", f"_up{view}_files"
 
 
 @dataclass(frozen=True)
@@ -182,11 +184,12 @@ class TaskRead:
         assert self.tables is not None
         fields = list(folded.fields)
         for i in range(len(self.tables.tables)):
-            ok, writes, events, back = table_columns(i)
+            ok, writes, events, back, files = table_columns(i)
             fields += [StructField(ok, BooleanType(), True),
                        StructField(writes, BinaryType(), True),
                        StructField(events, ArrayType(BinaryType(), False), True),
-                       StructField(back, StringType(), True)]
+                       StructField(back, StringType(), True),
+                       StructField(files, BinaryType(), True)]
         return StructType(fields)
 
     def output_schema(self, batch: StructType) -> StructType:
@@ -199,10 +202,11 @@ class TaskRead:
                        StructField(late_column(i), LongType(), True),
                        StructField(latest_column(i), TimestampType(), True)]
         for i in range(len(self.upserts)):
-            ok, writes, events = upsert_columns(i)
+            ok, writes, events, files = upsert_columns(i)
             fields += [StructField(ok, BooleanType(), True),
                        StructField(writes, BinaryType(), True),
-                       StructField(events, ArrayType(BinaryType(), False), True)]
+                       StructField(events, ArrayType(BinaryType(), False), True),
+                       StructField(files, BinaryType(), True)]
         if self.tables is not None:
             fields += [StructField(ROUTE, BinaryType(), True),
                        StructField(ROUTED_EVENT, BinaryType(), True)]
@@ -230,7 +234,8 @@ class TaskRead:
         shares = table.filter(pc.equal(kinds, UPSERTED))
         for i, (_, view) in enumerate(self.upserts):
             columns = upsert_columns(i)
-            found = [TaskUpsert(r[columns[0]], r[columns[1]], tuple(r[columns[2]]))
+            found = [TaskUpsert(r[columns[0]], r[columns[1]], tuple(r[columns[2]]),
+                                files=r[columns[3]])
                      for r in arrow_rows(shares.select(list(columns)))
                      if r[columns[0]] is not None]
             if found:
@@ -241,7 +246,8 @@ class TaskRead:
             for i, view in enumerate(self.tables.tables):
                 columns = table_columns(i)
                 tables[view.view] = [
-                    TaskTable(r[columns[0]], r[columns[1]], tuple(r[columns[2]]), r[columns[3]])
+                    TaskTable(r[columns[0]], r[columns[1]], tuple(r[columns[2]]), r[columns[3]],
+                              r[columns[4]])
                     for r in arrow_rows(tabled.select(list(columns)))]
         return Folded(records, partials, upserts, tables)
 
@@ -370,10 +376,11 @@ class TaskFold:
             if not share.ok:
                 withheld.discard(topic)
             routed += share.routed
-            ok, writes, events = upsert_columns(i)
+            ok, writes, events, files = upsert_columns(i)
             columns[ok] = pa.array([share.ok])
             columns[writes] = pa.array([share.writes], pa.binary())
             columns[events] = pa.array([list(share.events)], self.schema.field(events).type)
+            columns[files] = pa.array([share.files], pa.binary())
         shares = pa.Table.from_arrays(
             [columns.get(f.name, pa.nulls(1, f.type)) for f in self.schema],
             schema=self.schema)
@@ -468,11 +475,12 @@ class TablesFold:
 
         columns: dict[str, pa.Array] = {FOLD: pa.array([TABLED], pa.int8())}
         for i, share in enumerate(shares):
-            ok, writes, events, back = table_columns(i)
+            ok, writes, events, back, files = table_columns(i)
             columns[ok] = pa.array([share.ok])
             columns[writes] = pa.array([share.writes], pa.binary())
             columns[events] = pa.array([list(share.events)], self.schema.field(events).type)
             columns[back] = pa.array([share.handed_back], pa.string())
+            columns[files] = pa.array([share.files], pa.binary())
         yield pa.RecordBatch.from_arrays(
             [columns.get(f.name, pa.nulls(1, f.type)) for f in self.schema],
             schema=self.schema)

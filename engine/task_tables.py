@@ -50,7 +50,8 @@ from engine.incremental import (
 from engine.lineage import Lineage
 from engine.projected_join import ProjectedJoin
 from engine.sinks.redis_sink import Before, RowWrites, read_before, read_states
-from engine.task_upsert import batch_events, redis_client, route_value
+from engine.task_delta import DeltaInTask
+from engine.task_upsert import batch_events, redis_client, route_value, task_partition
 from schema.storage import (
     ChangeEvent,
     Op,
@@ -97,6 +98,7 @@ class TaskTable:
     writes: bytes = b"[]"  # schema.storage.BatchWrites.encoded()
     events: tuple[bytes, ...] = ()  # ChangeEvent.to_bytes()
     handed_back: str | None = None  # why the task handed the views back (for the log)
+    files: bytes | None = None  # as TaskUpsert.files
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ class TableInTask:
     join: ProjectedJoin | None
     aggregate: AggregateStep | None
     writes: RowWrites
+    delta: DeltaInTask | None = None  # its table, when the task writes its files too
 
     def compute(self, changes: Mapping[str, Sequence[ChangeEvent]], routes: Mapping[str, str],
                 rows: RedisRows, client: Any, batch_id: int, now_ms: int
@@ -217,15 +220,19 @@ def compute_tables(tables: Sequence[TableInTask], routes: Mapping[str, str],
         changes.setdefault(event.view, []).append(event)
     client = redis_client(redis_url)
     rows = RedisRows(client, stored, _NoFallback())
-    shares = []
+    computed = []
     try:
         for table in tables:
             events, writes = table.compute(changes, routes, rows, client, batch_id, now_ms)
             changes[table.view] = events
-            shares.append(TaskTable(True, writes, tuple(e.to_bytes() for e in events)))
+            computed.append((events, writes))
     except HandBack as exc:
         return [TaskTable(False, handed_back=f"{table.view}: {exc}") for _ in tables]
-    return shares
+    # Files only once every view is computed: a hand-back leaves none to delete.
+    partition = task_partition()
+    return [TaskTable(True, writes, tuple(e.to_bytes() for e in events),
+                      files=table.delta.write(events, partition) if table.delta else None)
+            for table, (events, writes) in zip(tables, computed, strict=True)]
 
 
 def plan_routes(tables: Sequence[tuple[TableView, Lineage, ProjectedJoin | None,

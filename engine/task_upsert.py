@@ -27,6 +27,7 @@ import orjson
 
 from engine.incremental import json_value
 from engine.sinks.redis_sink import Before, RowWrites, read_before
+from engine.task_delta import DeltaInTask
 from schema.redis_client import connect as connect_redis
 from schema.storage import ChangeEvent, change_op, key_of
 
@@ -52,6 +53,14 @@ def route_value(row: Mapping[str, Any] | None, column: str) -> bytes | None:
     return None if row is None else orjson.dumps(json_value(row.get(column)))
 
 
+def task_partition() -> int:
+    """The partition of the Spark task running this (0 outside one), for file names."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else context.partitionId()
+
+
 def batch_events(view: str, generation: int, upserts: Mapping[str, Row],
                  deletes: Sequence[str], before: Before, batch_id: int, now_ms: int
                  ) -> list[ChangeEvent]:
@@ -74,6 +83,9 @@ class TaskUpsert:
     # For the views over views (engine.task_tables): each event's bytes with its routing
     # value, once per value its previous and new rows have. Stays in the tasks.
     routed: tuple[tuple[bytes, bytes], ...] = ()
+    # The Delta files the task wrote of its share (engine.task_delta.WrittenShare.encoded);
+    # None: none (nothing changed, or the driver writes the view's Delta).
+    files: bytes | None = None
 
     @classmethod
     def refused(cls) -> TaskUpsert:
@@ -93,6 +105,7 @@ class UpsertInTask:
     writes: RowWrites
     redis_url: str
     route: str | None = None  # the column views over views route its changes by
+    delta: DeltaInTask | None = None  # its table, when the task writes its files too
 
     def compute(self, latest: Mapping[str, Row | None], batch_id: int, now_ms: int,
                 routed: bool = False) -> TaskUpsert:
@@ -120,7 +133,8 @@ class UpsertInTask:
         writes = self.writes.batch_writes(self.generation, upserts, deletes, before.rows)
         encoded = tuple(e.to_bytes() for e in events)
         return TaskUpsert(True, writes.encoded(), encoded,
-                          self._routed(events, encoded) if routed else ())
+                          self._routed(events, encoded) if routed else (),
+                          self.delta.write(events, task_partition()) if self.delta else None)
 
     def _routed(self, events: list[ChangeEvent], encoded: tuple[bytes, ...]
                 ) -> tuple[tuple[bytes, bytes], ...]:

@@ -106,6 +106,15 @@ class Settings(BaseSettings):
         "cost a third of the events/s for little of the driver's (docs/engine-plan.md, "
         "\"Stage B\").",
     )
+    engine_task_delta: bool = Field(
+        False,
+        description="With engine_task_read, the tasks that compute a view's share of a "
+        "batch also write its Delta files (the rows they upsert, the change data), and the "
+        "driver commits them with the deletion vectors of the rows they replace "
+        "(engine.task_delta): the driver no longer encodes or uploads the rows. For tables "
+        "with deletion vectors whose columns JSON carries exactly; others are written by "
+        "the driver. Off by default, as engine_task_read.",
+    )
     engine_task_read_min_records: int = Field(
         10_000,
         ge=0,

@@ -30,6 +30,7 @@ from engine import maintenance
 from engine.maintenance import MaintenanceResult, history_seconds
 from engine.sinks.dv_merge import DeletionVectorMerge, supports_deletion_vectors
 from engine.sinks.rows_table import json_exact
+from engine.task_delta import DeltaInTask, WrittenShare
 from schema.arrow_rows import arrow_rows
 from schema.catalog import View
 from schema.delta_read import live_rows, plain_schema, values_filter
@@ -176,6 +177,58 @@ class DeltaSink:
                                  kept.files_vacuumed + len(released),
                                  time.monotonic() - started)
 
+    def task_writer(self, s3: Mapping[str, str]) -> DeltaInTask | None:
+        """The table as Spark's tasks write their shares' files (engine.task_delta), when
+        they can: a table with deletion vectors, a view that deletes by its key, columns
+        whose rows in Redis's JSON form make the table's Arrow as they are. `s3`: the AWS
+        variables of an s3a:// root (schema.object_store.s3_environment)."""
+        with self._lock:
+            table = self._load()
+            schema = plain_schema(table)
+            if not (supports_deletion_vectors(table) and json_exact(schema)):
+                return None
+            return DeltaInTask(self.path, tuple(self.view.key), schema,
+                               table.metadata().configuration.get(
+                                   "delta.enableChangeDataFeed") == "true",
+                               tuple(sorted(s3.items())))
+
+    @_one_at_a_time
+    def merge_written(self, batch_id: int, shares: Sequence[WrittenShare],
+                      metadata: Mapping[str, Any], ready: Callable[[], Any] = lambda: None
+                      ) -> bool | None:
+        """Commit the files Spark's tasks wrote of batch `batch_id` (engine.task_delta):
+        True once committed; False when the table already holds the batch (a replay);
+        None when the driver must merge the batch's rows itself (the tasks' previous rows
+        are not Delta's: DeletionVectorMerge.commit_written). The files are deleted unless
+        committed. `ready` as for merge."""
+        names = [name for share in shares for name in share.names()]
+        table = self._load()
+        done = table.transaction_version(self.app_id)
+        if done is not None and done >= batch_id:
+            self._vectors.delete(names)
+            return False
+        header = self._header(batch_id, json.dumps(dict(metadata), default=str))
+        if self._vectors.commit_written(table, shares, header, ready):
+            return True
+        self._vectors.delete(names)
+        return None
+
+    def discard(self, names: Sequence[str]) -> None:
+        """Delete files written for the table and never committed (engine.task_delta)."""
+        self._vectors.delete(names)
+
+    def _header(self, batch_id: int, user_metadata: str) -> list[dict[str, Any]]:
+        """The first actions of a batch's commit: its commitInfo, and its transaction
+        (app id, batch id), which makes the commit idempotent."""
+        now = int(time.time() * 1000)
+        return [
+            {"commitInfo": {"timestamp": now, "operation": "MERGE",
+                            "operationParameters": {"deletionVectors": "true"},
+                            "userMetadata": user_metadata, "clientVersion": "viewgate",
+                            "isBlindAppend": False}},
+            {"txn": {"appId": self.app_id, "version": batch_id, "lastUpdated": now}},
+        ]
+
     @_one_at_a_time
     def merge(
         self,
@@ -209,14 +262,7 @@ class DeltaSink:
         )
         if (rows or deleted) and tuple(delete_on) == tuple(self.view.key) and (
                 supports_deletion_vectors(table)):
-            now = int(time.time() * 1000)
-            header = [
-                {"commitInfo": {"timestamp": now, "operation": "MERGE",
-                                "operationParameters": {"deletionVectors": "true"},
-                                "userMetadata": user_metadata, "clientVersion": "viewgate",
-                                "isBlindAppend": False}},
-                {"txn": {"appId": self.app_id, "version": batch_id, "lastUpdated": now}},
-            ]
+            header = self._header(batch_id, user_metadata)
             before = previous or {}
             # Rows as Redis stores them (text, or decoded) make the same Arrow as typed ones
             # (rows_table), except where a column needs Python's types: only then decoded,

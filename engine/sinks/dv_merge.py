@@ -25,7 +25,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,9 @@ from schema.arrow_rows import arrow_rows
 from schema.delta_read import plain_schema
 from schema.object_store import filesystem, is_remote, read_bytes
 from schema.storage import key_of
+
+if TYPE_CHECKING:
+    from engine.task_delta import WrittenShare
 
 _STRING_STATS_MAX = 32  # as delta-spark: longer strings get no min/max here
 # A file whose vector marks this share of its rows is rewritten without them, so vectors
@@ -105,23 +108,67 @@ class DeletionVectorMerge:
         new_file = None
         if upserts.num_rows:
             new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            actions.append({"add": {**_encode(new_file, upserts, files),
+            actions.append({"add": {**encode_file(new_file, upserts, files),
                                     "modificationTime": now, "dataChange": True,
-                                    "stats": _stats(upserts)}})
+                                    "stats": file_stats(upserts)}})
         # Only with updates or deletes: readers take an insert-only commit's adds as inserts.
         if live and config.get("delta.enableChangeDataFeed") == "true":
             changes = self._changes(schema, upserts, upsert_keys, gone, gone_keys, live,
                                     previous)
             name = f"_change_data/cdc-{uuid.uuid4()}.c000.snappy.parquet"
-            actions.append({"cdc": {**_encode(name, changes, files), "dataChange": False}})
+            actions.append({"cdc": {**encode_file(name, changes, files), "dataChange": False}})
         vectors = {path: self._deleted(path) | rows for path, rows in marked.items()}
         actions += self._mark(vectors, files)
-        self._upload(files)
+        upload(self.root, files)
+        self._commit(table, actions, vectors, list(files),
+                     [] if new_file is None else [(new_file, upsert_keys)], ready)
+
+    def commit_written(self, table: DeltaTable, shares: Sequence[WrittenShare],
+                       header: Sequence[Mapping[str, Any]],
+                       ready: Callable[[], Any] = lambda: None) -> bool:
+        """Commit the files Spark's tasks wrote of one batch (engine.task_delta) as the
+        next version after `table`'s, with the `header` actions first: their adds and
+        change data, and deletion vectors marking the rows they replace. False, committing
+        nothing, when the rows the tasks replaced (found in Redis) are not exactly the
+        live ones of the keys they changed: the caller then merges the batch's rows
+        itself. `ready` as for merge; the tasks' files are deleted when it raises."""
+        self._catch_up(table.version())
+        changed = [s.changed for s in shares]
+        marked, live = self._locate(np.concatenate(changed))
+        if set(live) != {k for s in shares for k in s.replaced.tolist()}:
+            return False
+        now = int(time.time() * 1000)
+        actions: list[dict[str, Any]] = [dict(a) for a in header]
+        actions += [{"add": {**s.data, "modificationTime": now, "dataChange": True}}
+                    for s in shares if s.data is not None]
+        written = [name for s in shares for name in s.names()]
+        # As merge: change data only with updates or deletes (the tasks cannot know).
+        if live and table.metadata().configuration.get("delta.enableChangeDataFeed") == "true":
+            actions += [{"cdc": {**s.change_data, "dataChange": False}}
+                        for s in shares if s.change_data is not None]
+        else:
+            self.delete([s.change_data["path"] for s in shares if s.change_data is not None])
+            written = [s.data["path"] for s in shares if s.data is not None]
+        files: dict[str, Any] = {}
+        vectors = {path: self._deleted(path) | rows for path, rows in marked.items()}
+        actions += self._mark(vectors, files)
+        upload(self.root, files)
+        self._commit(table, actions, vectors, [*files, *written],
+                     [(s.data["path"], s.keys) for s in shares if s.data is not None], ready)
+        return True
+
+    def _commit(self, table: DeltaTable, actions: list[dict[str, Any]],
+                vectors: Mapping[str, BitMap], files: Sequence[str],
+                added: Sequence[tuple[str, np.ndarray]], ready: Callable[[], Any]) -> None:
+        """Commit `actions` once `ready()` returns (what it raises: `files`, the commit's
+        files written, are deleted and nothing is committed), then take the new version in:
+        the files' vectors, the `added` files' keys (name, keys in its rows' order), a
+        log checkpoint when one is due."""
         version = self.files.version + 1
         try:
             ready()
         except BaseException:
-            self._delete(list(files))  # no commit: its files would be nobody's
+            self.delete(files)  # no commit: its files would be nobody's
             raise
         commit(self.root, version, actions)
 
@@ -130,9 +177,11 @@ class DeletionVectorMerge:
         self._vectors.update(
             {path: (dv.unique_id(self.files.files[path]["deletionVector"]), rows)
              for path, rows in vectors.items()})
-        if new_file is not None:
-            self.index.add(new_file, upsert_keys)
+        for name, keys in added:
+            self.index.add(name, keys)
+        if added:
             self.index.settle()
+        config = table.metadata().configuration
         checkpoint_interval = int(config.get("delta.checkpointInterval", 100))
         if version % checkpoint_interval == 0:
             table.update_incremental()
@@ -180,20 +229,14 @@ class DeletionVectorMerge:
                                                                  len(rows))}})
         return actions
 
-    def _delete(self, names: Sequence[str]) -> None:
+    def delete(self, names: Sequence[str]) -> None:
+        """Delete files written and never committed (names relative to the root)."""
         for name in names:
             fs, path = filesystem(f"{self.root}/{name}")
-            fs.delete_file(path)
-
-    def _upload(self, files: Mapping[str, Any]) -> None:
-        """Write a commit's files (name relative to the root -> bytes) into the table's
-        folder, one request each on object storage: a bucket has no folders to make."""
-        for name, data in files.items():
-            fs, path = filesystem(f"{self.root}/{name}")
-            if "/" in name and not is_remote(self.root):
-                fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-            with fs.open_output_stream(path, compression=None) as out:
-                out.write(data)
+            try:
+                fs.delete_file(path)
+            except FileNotFoundError:
+                pass
 
     def _changes(self, schema: pa.Schema, upserts: pa.Table, upsert_keys: np.ndarray,
                  gone: pa.Table, gone_keys: np.ndarray, live: Mapping[Any, tuple[str, int]],
@@ -313,10 +356,10 @@ class DeletionVectorMerge:
         files: dict[str, Any] = {}
         for piece in self._pieces(rows, chosen, target_bytes):
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            actions.append({"add": {**_encode(name, piece, files), "modificationTime": now,
-                                    "dataChange": False, "stats": _stats(piece)}})
+            actions.append({"add": {**encode_file(name, piece, files), "modificationTime": now,
+                                    "dataChange": False, "stats": file_stats(piece)}})
             added.append((name, encode_keys(piece, self.key)))
-        self._upload(files)
+        upload(self.root, files)
         version = self.files.version + 1
         commit(self.root, version, actions)
 
@@ -404,7 +447,18 @@ class DeletionVectorMerge:
         return deleted
 
 
-def _encode(name: str, data: pa.Table, files: dict[str, Any]) -> dict[str, Any]:
+def upload(root: str, files: Mapping[str, Any]) -> None:
+    """Write a commit's files (name relative to the table's `root` -> bytes) into the
+    table's folder, one request each on object storage: a bucket has no folders to make."""
+    for name, data in files.items():
+        fs, path = filesystem(f"{root.rstrip('/')}/{name}")
+        if "/" in name and not is_remote(root):
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path, compression=None) as out:
+            out.write(data)
+
+
+def encode_file(name: str, data: pa.Table, files: dict[str, Any]) -> dict[str, Any]:
     """A Parquet file of `data`, encoded in memory into `files` under `name` (to write):
     its add (or cdc) action's fields. Its size is known without asking the store."""
     buffer = pa.BufferOutputStream()
@@ -428,7 +482,7 @@ def _loose(stats: str | None) -> str | None:
     return json.dumps(parsed, separators=(",", ":"))
 
 
-def _stats(data: pa.Table) -> str:
+def file_stats(data: pa.Table) -> str:
     """Delta statistics of a new file: rows, nulls, and min/max where they are exact."""
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}

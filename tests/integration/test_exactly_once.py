@@ -154,7 +154,8 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
     # (VIEWGATE_ENGINE_DRIVER_FETCH_MAX_RECORDS=0, VIEWGATE_ENGINE_TASK_READ=true and
     # VIEWGATE_ENGINE_TASK_READ_MIN_RECORDS=0), the tasks read them and computed the
     # upsert views (engine.task_upsert), and with VIEWGATE_ENGINE_TASK_TABLES=true the
-    # views over views (engine.task_tables).
+    # views over views (engine.task_tables), with VIEWGATE_ENGINE_TASK_DELTA=true writing
+    # their Delta files (engine.task_delta).
     if settings.engine_driver_fetch_max_records or not settings.engine_task_read:
         assert (_metric(engine, "viewgate_graph_batch_reads_total", "fetch", "path") or 0) > 0
     else:
@@ -163,6 +164,9 @@ def test_sigkill_at_any_point_loses_nothing_and_counts_nothing_twice(engine):
                                       else ())):
             assert (_metric(engine, "viewgate_graph_views_by_tasks_total", view,
                             by="tasks") or 0) > 0, view
+            if settings.engine_task_delta:  # VIEWGATE_ENGINE_TASK_DELTA=true: and their files
+                assert (_metric(engine, "viewgate_graph_delta_commits_by_tasks_total", view,
+                                by="tasks") or 0) > 0, view
 
     for view in VIEWS:
         # Delta holds as many rows as Redis, and no batch was merged twice.

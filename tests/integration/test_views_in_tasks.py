@@ -13,6 +13,7 @@ import itertools
 import json
 import random
 
+import pyarrow as pa
 import pytest
 import redis
 from deltalake import DeltaTable
@@ -30,7 +31,7 @@ from engine.graph import GraphBatch
 from engine.runner import prepare
 from schema.arrow_rows import arrow_rows
 from schema.delta_read import live_rows
-from schema.storage import delta_table_path, index_key, key_of
+from schema.storage import commit_batch_id, delta_table_path, index_key, key_of
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +79,7 @@ class _Graph:
         self.prefix = name.replace("-", "")
         self.settings = isolated(settings, tmp_path / name, redis_db=redis_db).model_copy(
             update={"engine_task_read": task_read, "engine_task_tables": task_read,
+                    "engine_task_delta": task_read,
                     "engine_task_read_min_records": 0, "engine_driver_fetch_max_records": 0,
                     "changefeed_prefix": f"{name}."})
         self.client = redis.Redis.from_url(self.settings.redis_url)
@@ -88,6 +90,7 @@ class _Graph:
                                str(tmp_path / name / "checkpoint"), dead_letters=False)
         self.ends: dict = {}
         self.spark = spark
+        self.delta_in_tasks: list[set[str]] = []  # per batch run: views whose files tasks wrote
 
     def on_topics(self, records: list) -> list:
         """Records of the shop's topics (no prefix) on this graph's topics."""
@@ -99,11 +102,18 @@ class _Graph:
         produce(self.settings.kafka_bootstrap, records)
         batch, self.ends = graph_records(self.spark, self.settings, self.catalog, self.ends)
         self.step(batch, batch_id)
+        self.delta_in_tasks.append(
+            {v for v in VIEWS if f"{v}_delta_in_tasks" in self.step.timings})
         return {v for v in VIEWS if f"{v}_in_tasks" in self.step.timings}
 
     def rows(self) -> dict:
         return {v: {k: _rounded(r) for k, r in redis_rows(self.client, v).items()}
                 for v in VIEWS}
+
+    def delta_rows(self) -> dict:
+        return {v: {key_of(r, self.catalog.view(v).key): _rounded(r) for r in arrow_rows(
+            live_rows(DeltaTable(delta_table_path(self.settings.delta_location, v, 0))))}
+            for v in VIEWS}
 
     def close(self) -> None:
         self.step.close()
@@ -137,11 +147,22 @@ def _run(spark, settings, tmp_path, task_read: bool, redis_db: int, case: str):
     indexes = {(v, f): sorted((m, round(score, 6)) for m, score in client.zrange(
         index_key(v, 0, f), 0, -1, withscores=True))
                for v in VIEWS for f in catalog.view(v).indexes}
-    delta = {v: {key_of(r, catalog.view(v).key): _rounded(r) for r in arrow_rows(live_rows(
-        DeltaTable(delta_table_path(settings.delta_location, v, 0))))} for v in VIEWS}
+    delta = graph.delta_rows()
+    changes = {v: _batch_changes(delta_table_path(settings.delta_location, v, 0), 1)
+               for v in VIEWS}
     rows = graph.rows()
     graph.close()
-    return in_tasks, published, rows, indexes, delta
+    return in_tasks, published, rows, indexes, delta, changes, graph.delta_in_tasks
+
+
+def _batch_changes(path: str, batch_id: int) -> list:
+    """The change data feed of the commit of batch `batch_id` (its userMetadata's)."""
+    table = DeltaTable(path)
+    version = next(c["version"] for c in table.history()
+                   if commit_batch_id(c) == batch_id)
+    changes = pa.table(table.load_cdf(starting_version=version, ending_version=version))
+    return sorted((r.pop("_change_type"), _rounded(r)) for r in changes.drop_columns(
+        ["_commit_version", "_commit_timestamp"]).to_pylist())
 
 
 @pytest.mark.parametrize("case", list(EXTRA))
@@ -164,6 +185,12 @@ def test_the_tasks_compute_the_views_as_the_driver_does(spark, settings, tmp_pat
     assert tasks[2] == driver[2]  # Redis rows
     assert tasks[3] == driver[3]  # index entries
     assert tasks[4] == driver[4]  # Delta
+    for view in VIEWS:
+        assert tasks[5][view] == driver[5][view], view  # Delta's change data of batch 1
+    assert {kind for view in (*UPSERTS, *TABLES) for kind, _ in tasks[5][view]} == {
+        "insert", "update_preimage", "update_postimage", "delete"}
+    # The tasks that computed a view wrote its Delta files, which the driver committed.
+    assert tasks[6] == tasks[0] and driver[6] == driver[0]
 
 
 def _random_batches(rng: random.Random, count: int) -> list[tuple[list, list]]:
@@ -238,11 +265,13 @@ def test_random_batches_through_the_tasks_equal_their_batch_computation(
                         for graph in graphs]
             computed.append(by_tasks[0])
             assert by_tasks[1] == set()
+            assert graphs[0].delta_in_tasks[-1] == by_tasks[0]  # their files by the tasks
             for graph in graphs:
                 assert view_mismatches(graph.client, graph.on_topics(seen_customers),
                                        graph.on_topics(seen_orders)) == [], (batch_id,
                                                                              graph.prefix)
             assert graphs[0].rows() == graphs[1].rows(), batch_id
+            assert graphs[0].delta_rows() == graphs[1].delta_rows(), batch_id
     finally:
         for graph in graphs:
             graph.close()

@@ -14,7 +14,10 @@ exact in Redis and Delta afterwards) runs three times on the same events:
   (engine.task_upsert);
 - on both once more with the views over views computed by the same job too (the setting
   `engine_task_tables`, engine.task_tables): Order's join and CustomerStats' aggregate in
-  a second stage partitioned by customer.
+  a second stage partitioned by customer;
+- on both once more with the tasks writing the Delta files of the views they compute too
+  (the setting `engine_task_delta`, engine.task_delta): the driver only marks the rows
+  they replace and commits.
 
 Meanwhile the CPU of the engine's processes is sampled from /proc every half second: the
 driver (this process: Python, and its JVM; and its read-ahead process, engine.read_ahead,
@@ -67,6 +70,12 @@ FIGURES = (
     Figure("engine_driver_cpu_share_local_task_tables", "driver CPU share, local[2], views "
            "over views in tasks too", "share"),
     Figure("engine_driver_cpu_share_cluster_task_tables", "the same, two workers", "share"),
+    Figure("engine_events_per_s_local_task_delta", "events/s, local[2], Delta files written "
+           "by the tasks too", "events/s"),
+    Figure("engine_events_per_s_2_workers_task_delta", "the same, two workers", "events/s"),
+    Figure("engine_driver_cpu_share_local_task_delta", "driver CPU share, local[2], Delta "
+           "files written by the tasks too", "share"),
+    Figure("engine_driver_cpu_share_cluster_task_delta", "the same, two workers", "share"),
 )
 
 _SAMPLE_S = 0.5
@@ -275,6 +284,9 @@ def run(ctx: BenchContext) -> GroupResult:
     task_tables = {**task_read, "engine_task_tables": True}
     local_tables = _graph_run(ctx, ctx.spark_session, "local-task-tables", catalog, events,
                               placed, [], **task_tables)
+    task_delta = {**task_tables, "engine_task_delta": True}
+    local_delta = _graph_run(ctx, ctx.spark_session, "local-task-delta", catalog, events,
+                             placed, [], **task_delta)
     standalone = SparkStandalone(ctx.workdir / "spark", workers=2, cores_per_worker=1,
                                  memory_per_worker="1g")
     standalone.start()
@@ -291,6 +303,8 @@ def run(ctx: BenchContext) -> GroupResult:
                                 worker_pids, **task_read)
         runs_tables = _graph_run(ctx, spark, "standalone-2-task-tables", catalog, events,
                                  placed, worker_pids, **task_tables)
+        runs_delta = _graph_run(ctx, spark, "standalone-2-task-delta", catalog, events,
+                                placed, worker_pids, **task_delta)
     finally:
         _stop_session(ctx)  # before its workers go
         standalone.stop()
@@ -309,12 +323,18 @@ def run(ctx: BenchContext) -> GroupResult:
         "engine_events_per_s_2_workers_task_tables": runs_tables["events_per_s"],
         "engine_driver_cpu_share_local_task_tables": local_tables["driver_share"],
         "engine_driver_cpu_share_cluster_task_tables": runs_tables["driver_share"],
+        "engine_events_per_s_local_task_delta": local_delta["events_per_s"],
+        "engine_events_per_s_2_workers_task_delta": runs_delta["events_per_s"],
+        "engine_driver_cpu_share_local_task_delta": local_delta["driver_share"],
+        "engine_driver_cpu_share_cluster_task_delta": runs_delta["driver_share"],
         "engine_cluster_events": events,
         "engine_cluster_profile": {"local": local, "1_worker": runs[1], "2_workers": runs[2],
                                    "local_task_read": local_tasks,
                                    "2_workers_task_read": runs_tasks,
                                    "local_task_tables": local_tables,
-                                   "2_workers_task_tables": runs_tables},
+                                   "2_workers_task_tables": runs_tables,
+                                   "local_task_delta": local_delta,
+                                   "2_workers_task_delta": runs_delta},
     })
 
 
