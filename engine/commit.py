@@ -38,6 +38,7 @@ from schema.storage import (
     REPLAYED,
     RETIRED,
     ChangeEvent,
+    EncodedEvents,
     Op,
     change_op,
     changefeed_topic,
@@ -46,7 +47,6 @@ from schema.storage import (
     delta_app_id,
     delta_table_path,
     encode_row,
-    events_from_bytes,
     join_writes,
     key_of,
     outbox_value,
@@ -54,6 +54,11 @@ from schema.storage import (
 )
 
 log = logging.getLogger("viewgate.engine.commit")
+
+# A batch's rows for the driver's MERGE: the upserted rows, the deleted keys, the previous
+# rows by key (DeltaSink.merge).
+MergedRows = tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]],
+                   Mapping[str, Mapping[str, Any] | bytes]]
 
 # The batch each view is committing right now, for the engine's stop line.
 IN_FLIGHT: dict[str, int] = {}
@@ -67,9 +72,11 @@ class Pending:
     ViewCommitter._stale_in_redis)."""
 
     batch_id: int
-    events: list[ChangeEvent]
-    rows: Sequence[Mapping[str, Any]]
-    deleted: Sequence[Mapping[str, Any]]
+    events: Sequence[ChangeEvent]
+    # None: the events' (a batch the tasks computed; taken from them only if the driver
+    # merges its rows, ViewCommitter.to_delta).
+    rows: Sequence[Mapping[str, Any]] | None
+    deleted: Sequence[Mapping[str, Any]] | None
     meta: dict[str, Any]
     redis_upserts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     redis_deletes: set[str] = field(default_factory=set)
@@ -262,15 +269,14 @@ class ViewCommitter:
         if not all(share.ok for share in shares):
             self.discard(written)
             return None
-        events = events_from_bytes([e for share in shares for e in share.events])
-        if len({e.key for e in events}) < len(events):
+        keys = [k for share in shares for k in share.keys]
+        if len(set(keys)) < len(keys):
             self.discard(written)
             return None
         fields: dict[str, Any] = {"committed_at_ms": now_ms, **covers}
-        # Rows in JSON form (as a replay's), which Delta's MERGE takes as they are.
-        rows = [e.row for e in events if e.row is not None]
-        deleted = [self._deleted_key(e.key) for e in events if e.row is None]
-        return Pending(batch_id, events, rows, deleted, fields,
+        # The events as the tasks encoded them: decoded only if something reads them.
+        events = EncodedEvents([e for share in shares for e in share.events], keys)
+        return Pending(batch_id, events, None, None, fields,
                        built_writes=join_writes(share.writes for share in shares),
                        written=written or None)
 
@@ -361,25 +367,33 @@ class ViewCommitter:
             **pending.meta,
         }
         try:
-            # An event's `before` is what Redis held (Delta's row where Redis had none),
-            # as Redis returned it where the event has that text (a replay's events do not).
-            previous = {e.key: e.before_text or e.before for e in pending.events
-                        if e.before is not None}
             written, pending.written = pending.written, None  # the MERGE's from here
-            pending.delta_by_tasks = self._merge(pending.batch_id, pending.rows,
-                                                 pending.deleted, metadata, previous, ready,
-                                                 written)
+            pending.delta_by_tasks = self._merge(pending.batch_id,
+                                                 lambda: self._merged_rows(pending), metadata,
+                                                 ready, written)
         finally:
             IN_FLIGHT.pop(self.view.name, None)
 
-    def _merge(self, batch_id: int, rows: Sequence[Mapping[str, Any]],
-               deleted: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any],
-               previous: Mapping[str, Mapping[str, Any]],
-               ready: Callable[[], Any] = lambda: None,
+    def _merged_rows(self, pending: Pending) -> MergedRows:
+        """What the driver's MERGE of the batch takes: the rows, the deleted keys, the
+        previous rows (an event's `before` is what Redis held, or Delta's row where Redis
+        had none, as Redis returned it where the event has that text; a replay's events
+        do not)."""
+        previous = {e.key: e.before_text or e.before for e in pending.events
+                    if e.before is not None}
+        if pending.rows is None or pending.deleted is None:
+            # Rows in JSON form (as a replay's), which Delta's MERGE takes as they are.
+            return ([e.row for e in pending.events if e.row is not None],
+                    [self._deleted_key(e.key) for e in pending.events if e.row is None],
+                    previous)
+        return pending.rows, pending.deleted, previous
+
+    def _merge(self, batch_id: int, merged_rows: Callable[[], MergedRows],
+               metadata: Mapping[str, Any], ready: Callable[[], Any] = lambda: None,
                written: Sequence[WrittenShare] | None = None) -> bool:
         """The batch's MERGE: of the files the tasks `written` when there are and Delta
-        takes them (DeltaSink.merge_written), else of `rows` and `deleted`. Whether the
-        tasks' files were committed."""
+        takes them (DeltaSink.merge_written), else of the rows `merged_rows()` gives.
+        Whether the tasks' files were committed."""
         started = time.perf_counter()
         waited = self.background.wait()  # never a MERGE and maintenance on the table at once
         if waited:
@@ -394,6 +408,7 @@ class ViewCommitter:
                 log.warning("%s batch %d: the tasks' previous rows are not Delta's; the "
                             "driver merges the batch's rows", self.view.name, batch_id,
                             extra={"view": self.view.name, "batch_id": batch_id})
+            rows, deleted, previous = merged_rows()
             merged = self.delta.merge(batch_id, rows, deleted, self.delete_on,
                                       metadata=metadata, previous=previous, ready=ready)
         failpoint("after_delta", self.view.name)

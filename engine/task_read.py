@@ -80,19 +80,20 @@ def latest_column(stream: int) -> str:
     return f"_latest{stream}"  # its largest event time after the task (the STATS row)
 
 
-def table_columns(view: int) -> tuple[str, str, str, str, str]:
+def table_columns(view: int) -> tuple[str, str, str, str, str, str]:
     """The view-th view over views' share of a task of the second stage (the TABLED row):
-    whether the task computed it, its Redis writes, its change events, why it handed them
-    back, the Delta files it wrote (engine.task_tables.TaskTable)."""
-    return (f"_tb{view}_ok", f"_tb{view}_writes", f"_tb{view}_events", f"_tb{view}_back",
-            f"_tb{view}_files")
+    whether the task computed it, its Redis writes, its change events and their keys, why
+    it handed them back, the Delta files it wrote (engine.task_tables.TaskTable)."""
+    return (f"_tb{view}_ok", f"_tb{view}_writes", f"_tb{view}_events", f"_tb{view}_keys",
+            f"_tb{view}_back", f"_tb{view}_files")
 
 
-def upsert_columns(view: int) -> tuple[str, str, str, str]:
+def upsert_columns(view: int) -> tuple[str, str, str, str, str]:
     """The view-th upsert view's share of the task (the UPSERTED row): whether the task
-    computed it, its Redis writes, its change events, the Delta files it wrote
-    (engine.task_upsert.TaskUpsert)."""
-    return f"_up{view}_ok", f"_up{view}_writes", f"_up{view}_events", f"_up{view}_files"
+    computed it, its Redis writes, its change events and their keys, the Delta files it
+    wrote (engine.task_upsert.TaskUpsert)."""
+    return (f"_up{view}_ok", f"_up{view}_writes", f"_up{view}_events", f"_up{view}_keys",
+            f"_up{view}_files")
 
 
 @dataclass(frozen=True)
@@ -184,10 +185,11 @@ class TaskRead:
         assert self.tables is not None
         fields = list(folded.fields)
         for i in range(len(self.tables.tables)):
-            ok, writes, events, back, files = table_columns(i)
+            ok, writes, events, keys, back, files = table_columns(i)
             fields += [StructField(ok, BooleanType(), True),
                        StructField(writes, BinaryType(), True),
                        StructField(events, ArrayType(BinaryType(), False), True),
+                       StructField(keys, ArrayType(StringType(), False), True),
                        StructField(back, StringType(), True),
                        StructField(files, BinaryType(), True)]
         return StructType(fields)
@@ -202,10 +204,11 @@ class TaskRead:
                        StructField(late_column(i), LongType(), True),
                        StructField(latest_column(i), TimestampType(), True)]
         for i in range(len(self.upserts)):
-            ok, writes, events, files = upsert_columns(i)
+            ok, writes, events, keys, files = upsert_columns(i)
             fields += [StructField(ok, BooleanType(), True),
                        StructField(writes, BinaryType(), True),
                        StructField(events, ArrayType(BinaryType(), False), True),
+                       StructField(keys, ArrayType(StringType(), False), True),
                        StructField(files, BinaryType(), True)]
         if self.tables is not None:
             fields += [StructField(ROUTE, BinaryType(), True),
@@ -235,7 +238,7 @@ class TaskRead:
         for i, (_, view) in enumerate(self.upserts):
             columns = upsert_columns(i)
             found = [TaskUpsert(r[columns[0]], r[columns[1]], tuple(r[columns[2]]),
-                                files=r[columns[3]])
+                                tuple(r[columns[3]]), files=r[columns[4]])
                      for r in arrow_rows(shares.select(list(columns)))
                      if r[columns[0]] is not None]
             if found:
@@ -246,8 +249,8 @@ class TaskRead:
             for i, view in enumerate(self.tables.tables):
                 columns = table_columns(i)
                 tables[view.view] = [
-                    TaskTable(r[columns[0]], r[columns[1]], tuple(r[columns[2]]), r[columns[3]],
-                              r[columns[4]])
+                    TaskTable(r[columns[0]], r[columns[1]], tuple(r[columns[2]]),
+                              tuple(r[columns[3]]), r[columns[4]], r[columns[5]])
                     for r in arrow_rows(tabled.select(list(columns)))]
         return Folded(records, partials, upserts, tables)
 
@@ -376,10 +379,11 @@ class TaskFold:
             if not share.ok:
                 withheld.discard(topic)
             routed += share.routed
-            ok, writes, events, files = upsert_columns(i)
+            ok, writes, events, keys, files = upsert_columns(i)
             columns[ok] = pa.array([share.ok])
             columns[writes] = pa.array([share.writes], pa.binary())
             columns[events] = pa.array([list(share.events)], self.schema.field(events).type)
+            columns[keys] = pa.array([list(share.keys)], self.schema.field(keys).type)
             columns[files] = pa.array([share.files], pa.binary())
         shares = pa.Table.from_arrays(
             [columns.get(f.name, pa.nulls(1, f.type)) for f in self.schema],
@@ -475,10 +479,11 @@ class TablesFold:
 
         columns: dict[str, pa.Array] = {FOLD: pa.array([TABLED], pa.int8())}
         for i, share in enumerate(shares):
-            ok, writes, events, back, files = table_columns(i)
+            ok, writes, events, keys, back, files = table_columns(i)
             columns[ok] = pa.array([share.ok])
             columns[writes] = pa.array([share.writes], pa.binary())
             columns[events] = pa.array([list(share.events)], self.schema.field(events).type)
+            columns[keys] = pa.array([list(share.keys)], self.schema.field(keys).type)
             columns[back] = pa.array([share.handed_back], pa.string())
             columns[files] = pa.array([share.files], pa.binary())
         yield pa.RecordBatch.from_arrays(

@@ -97,6 +97,7 @@ class TaskTable:
     ok: bool
     writes: bytes = b"[]"  # schema.storage.BatchWrites.encoded()
     events: tuple[bytes, ...] = ()  # ChangeEvent.to_bytes()
+    keys: tuple[str, ...] = ()  # each event's key
     handed_back: str | None = None  # why the task handed the views back (for the log)
     files: bytes | None = None  # as TaskUpsert.files
 
@@ -231,6 +232,7 @@ def compute_tables(tables: Sequence[TableInTask], routes: Mapping[str, str],
     # Files only once every view is computed: a hand-back leaves none to delete.
     partition = task_partition()
     return [TaskTable(True, writes, tuple(e.to_bytes() for e in events),
+                      tuple(e.key for e in events),
                       files=table.delta.write(events, partition) if table.delta else None)
             for table, (events, writes) in zip(tables, computed, strict=True)]
 

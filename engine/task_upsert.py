@@ -80,6 +80,7 @@ class TaskUpsert:
     ok: bool
     writes: bytes = b"[]"  # schema.storage.BatchWrites.encoded()
     events: tuple[bytes, ...] = ()  # ChangeEvent.to_bytes(), upserts then deletes
+    keys: tuple[str, ...] = ()  # each event's key (the driver forwards the bytes undecoded)
     # For the views over views (engine.task_tables): each event's bytes with its routing
     # value, once per value its previous and new rows have. Stays in the tasks.
     routed: tuple[tuple[bytes, bytes], ...] = ()
@@ -132,7 +133,7 @@ class UpsertInTask:
                               now_ms)
         writes = self.writes.batch_writes(self.generation, upserts, deletes, before.rows)
         encoded = tuple(e.to_bytes() for e in events)
-        return TaskUpsert(True, writes.encoded(), encoded,
+        return TaskUpsert(True, writes.encoded(), encoded, tuple(e.key for e in events),
                           self._routed(events, encoded) if routed else (),
                           self.delta.write(events, task_partition()) if self.delta else None)
 

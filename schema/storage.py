@@ -800,11 +800,39 @@ def change_op(before: Mapping[str, Any] | None, row: Mapping[str, Any] | None) -
     return "insert" if before is None else "update"
 
 
+class EncodedEvents(Sequence[ChangeEvent]):
+    """Change events as their bytes and keys (as Spark's tasks computed them), decoded only
+    when a field other than those is read: the change feed and the outbox send the bytes
+    as they are, so a batch whose views the tasks computed and wrote is forwarded by the
+    driver without decoding its events (a quarter of the driver's Python in a profile)."""
+
+    def __init__(self, encoded: Sequence[bytes], keys: Sequence[str]) -> None:
+        self.encoded = list(encoded)
+        self.keys = list(keys)
+        self._decoded: list[ChangeEvent] | None = None
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._decoded is None:
+            self._decoded = events_from_bytes(self.encoded)
+        return self._decoded[index]
+
+
+def keyed_bytes(events: Sequence[ChangeEvent]) -> Iterable[tuple[str, bytes]]:
+    """Each event's key and bytes, without decoding EncodedEvents."""
+    if isinstance(events, EncodedEvents):
+        return zip(events.keys, events.encoded, strict=True)
+    return ((e.key, e.to_bytes()) for e in events)
+
+
 def outbox_value(batch_id: int, events: Sequence[ChangeEvent]) -> bytes:
     """The batch's events as stored with its rows; made of the same bytes the change feed
     sends (ChangeEvent.to_bytes is computed once per event)."""
-    return b'{"batch":%d,"events":[%s]}' % (int(batch_id),
-                                            b",".join(e.to_bytes() for e in events))
+    encoded = (events.encoded if isinstance(events, EncodedEvents)
+               else [e.to_bytes() for e in events])
+    return b'{"batch":%d,"events":[%s]}' % (int(batch_id), b",".join(encoded))
 
 
 def outbox_events(data: bytes | str | None, batch_id: int) -> list[ChangeEvent] | None:

@@ -6,11 +6,11 @@ drop (view, key, version) they have seen. Published only after Redis holds the r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaException, Producer
 
-from schema.storage import ChangeEvent
+from schema.storage import ChangeEvent, keyed_bytes
 
 
 class ChangeFeed:
@@ -49,16 +49,16 @@ class ChangeFeed:
     def close(self) -> None:
         close_producer(self.producer)
 
-    def publish(self, events: Iterable[ChangeEvent], timeout_s: float = 60) -> int:
+    def publish(self, events: Sequence[ChangeEvent], timeout_s: float = 60) -> int:
         return self.send(events)(timeout_s)
 
-    def send(self, events: Iterable[ChangeEvent]) -> Callable[[float], int]:
+    def send(self, events: Sequence[ChangeEvent]) -> Callable[[float], int]:
         """Queue `events` for delivery; the function returned waits until the broker has
         them all (or fails: KafkaException). Several feeds' deliveries then overlap."""
         produce, topic = self.producer.produce, self.topic
         count = 0
-        for event in events:
-            key, value = event.key.encode(), event.to_bytes()
+        for text, value in keyed_bytes(events):
+            key = text.encode()
             while True:
                 try:
                     produce(topic, value, key)

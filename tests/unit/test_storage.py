@@ -16,6 +16,7 @@ from schema.storage import (
     CHANGE_EVENT_FORMAT,
     BatchWrites,
     ChangeEvent,
+    EncodedEvents,
     ViewMeta,
     apply_batch_args,
     change_op,
@@ -29,6 +30,7 @@ from schema.storage import (
     index_key,
     key_from_values,
     key_of,
+    keyed_bytes,
     meta_key,
     meta_table_path,
     op_del,
@@ -214,6 +216,18 @@ def test_outbox_holds_one_batch() -> None:
     assert outbox_events(stored, 3) is None
     assert outbox_events(None, 4) is None
     assert outbox_events(outbox_value(5, []), 5) == []
+
+
+def test_encoded_events_are_forwarded_as_their_bytes_and_decoded_when_read() -> None:
+    events = [ChangeEvent("Order", "O1", "insert", {"order_id": "O1"}, None, 4, 0, 1),
+              ChangeEvent("Order", "O2", "delete", None, {"order_id": "O2"}, 4, 0, 1)]
+    # As the tasks return them: the bytes, and the keys apart.
+    encoded = EncodedEvents([e.to_bytes() for e in events], ["O1", "O2"])
+    assert list(keyed_bytes(encoded)) == list(keyed_bytes(events)) == [
+        ("O1", events[0].to_bytes()), ("O2", events[1].to_bytes())]
+    assert outbox_value(4, encoded) == outbox_value(4, events)
+    assert encoded._decoded is None and len(encoded) == 2  # nothing decoded so far
+    assert list(encoded) == events and encoded[1].before == {"order_id": "O2"}
 
 
 def test_view_meta_round_trip_through_redis_strings() -> None:
