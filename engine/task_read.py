@@ -20,11 +20,12 @@ trip costs about 110 ms more a job than the driver's own collect, even for 500 r
 and a 20,000-event batch's read took 1,104 ms against 732 while the driver's views saved
 about 170 ms (docs/engine-plan.md). It is for executors on other hosts than the driver's.
 
-Tasks write nothing, and read only their records and (for the views they compute) the
-rows Redis holds as the previous batch left them, so a retried task returns the same answer and
-exactly once rests on the graph's commit as before. What a task cannot fold
-without Spark (a sum past BIGINT) it hands over as events, which the driver aggregates as
-it does on its own path.
+Tasks write nothing the readers see (with `engine_task_delta`, Delta files that only the
+driver's commit names: engine.task_delta), and read only their records and (for the views
+they compute) the rows Redis holds as the previous batch left them, so a retried task
+returns the same answer and exactly once rests on the graph's commit as before. What a
+task cannot fold without Spark (a sum past BIGINT) it hands over as events, which the
+driver aggregates as it does on its own path.
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ outside the SQL the driver evaluates, which Spark computes), hands the views bac
 (`TaskTable.ok` False) and the driver computes them from stage A's changes, as it did
 before: no second read.
 
-Tasks write nothing. They read Redis as the previous batch left it, so a retried task
-returns the same, and the fences, outboxes and graph's marks stay the driver's.
+Tasks write nothing the readers see (with `engine_task_delta`, Delta files that only the
+driver's commit names: engine.task_delta). They read Redis as the previous batch left it,
+so a retried task returns the same, and the fences, outboxes and graph's marks stay the
+driver's.
 """
 
 from __future__ import annotations
