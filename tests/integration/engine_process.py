@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 from deltalake.exceptions import TableNotFoundError
+from prometheus_client.parser import text_string_to_metric_families
 from shop_views import (
     Record,
     delta_frame,
@@ -80,6 +82,22 @@ class EngineProcess:
 
     def log_tail(self) -> str:
         return (self.log_dir / f"engine-{self.runs}.log").read_text()[-3000:]
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """One sample of the running engine's /metrics, the one with these `labels`; None
+        when it is not there (yet), or the engine does not answer."""
+        url = f"http://127.0.0.1:{self.env['VIEWGATE_ENGINE_METRICS_PORT']}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            return None
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v
+                                               for k, v in labels.items()):
+                    return sample.value
+        return None
 
     def wait_killed(self, timeout_s: float = 180) -> None:
         """The failpoint fired: the process died of SIGKILL (and its group with it)."""

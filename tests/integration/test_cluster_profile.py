@@ -57,16 +57,30 @@ ORDER_CHANGES = ("subscription($after: String) { orderChanges(after: $after) "
                  "{ op key version cursor } }")
 
 
+# The engine's two paths on the profile: the driver's (its defaults: the batches read
+# ahead and computed by the driver), and the executors' (every batch read, computed and
+# written to Delta by Spark's tasks on the workers: engine.task_read, engine.task_tables,
+# engine.task_delta). A profile each: the fault test leaves its profile short of a worker.
+ENGINE_PATHS = {
+    "driver": {},
+    "executors": {"VIEWGATE_ENGINE_TASK_READ": "true", "VIEWGATE_ENGINE_TASK_TABLES": "true",
+                  "VIEWGATE_ENGINE_TASK_DELTA": "true",
+                  "VIEWGATE_ENGINE_TASK_READ_MIN_RECORDS": "0",
+                  "VIEWGATE_ENGINE_DRIVER_FETCH_MAX_RECORDS": "0"},
+}
+
+
 @dataclass
 class Profile:
     kafka: KafkaCluster
     redis: RedisClusterServers
     spark: SparkStandalone
     s3: S3ProxyServer
+    engine_env: dict[str, str]  # the engine path's settings (ENGINE_PATHS)
 
 
-@pytest.fixture(scope="module")
-def profile(base_settings, tmp_path_factory) -> Iterator[Profile]:
+@pytest.fixture(scope="module", params=list(ENGINE_PATHS))
+def profile(request, base_settings, tmp_path_factory) -> Iterator[Profile]:
     root = tmp_path_factory.mktemp("cluster-profile")
     started = []
     try:
@@ -75,7 +89,7 @@ def profile(base_settings, tmp_path_factory) -> Iterator[Profile]:
                        S3ProxyServer(root / "s3", base_settings.jar_dir / "s3proxy")):
             started.append(server)
             server.start()
-        yield Profile(*started)
+        yield Profile(*started, ENGINE_PATHS[request.param])
     finally:
         for server in reversed(started):
             server.stop()
@@ -157,7 +171,7 @@ def test_the_demo_rides_out_a_worker_a_broker_a_redis_master_and_a_gateway_resta
                            VIEWGATE_SPARK_MASTER=profile.spark.master_url,
                            VIEWGATE_KAFKA_REPLICATION_FACTOR="3",
                            VIEWGATE_KAFKA_MIN_INSYNC_REPLICAS="2",
-                           VIEWGATE_SPARK_CONF=json.dumps(spark_conf))
+                           VIEWGATE_SPARK_CONF=json.dumps(spark_conf), **profile.engine_env)
     gateway = GatewayServer(settings, tmp_path, PREFIX, **storage_env)
     customers, orders = in_time_events(PREFIX, 2000)
     parts = [orders[i * len(orders) // 5:(i + 1) * len(orders) // 5] for i in range(5)]
@@ -219,6 +233,10 @@ def test_the_demo_rides_out_a_worker_a_broker_a_redis_master_and_a_gateway_resta
         wait_until(lambda: delta_stats_exact(settings, orders), timeout_s=120,
                    what="CustomerStats in Delta to count every order once")
         assert engine.process.poll() is None, f"the engine exited:\n{engine.log_tail()}"
+        if profile.engine_env:  # the workers' tasks computed the views and wrote Delta
+            for view in ("OrderRecord", "CustomerStats"):
+                assert (engine.metric("viewgate_graph_delta_commits_by_tasks_total",
+                                      view=view, by="tasks") or 0) > 0, view
 
         stats = expected_customer_stats(orders)
         customer = stats.index[0]

@@ -7,7 +7,6 @@ change feed."""
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -20,7 +19,6 @@ from engine_process import (
     feed_ends,
     in_time_events,
 )
-from prometheus_client.parser import text_string_to_metric_families
 from shop_views import (
     catalog_on,
     delta_frame,
@@ -45,18 +43,7 @@ def _metric(engine: EngineProcess, name: str, value: str, label: str = "view",
             **labels: str) -> float | None:
     """One sample of the running engine's /metrics, the one whose `label` is `value` (and
     whose other `labels` are theirs); None when it is not there (yet)."""
-    url = f"http://127.0.0.1:{engine.env['VIEWGATE_ENGINE_METRICS_PORT']}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            wanted = {label: value, **labels}
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items()):
-                return sample.value
-    return None
+    return engine.metric(name, **{label: value, **labels})
 
 
 @pytest.fixture
