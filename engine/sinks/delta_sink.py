@@ -177,20 +177,20 @@ class DeltaSink:
                                  kept.files_vacuumed + len(released),
                                  time.monotonic() - started)
 
+    @_one_at_a_time
     def task_writer(self, s3: Mapping[str, str]) -> DeltaInTask | None:
         """The table as Spark's tasks write their shares' files (engine.task_delta), when
-        they can: a table with deletion vectors, a view that deletes by its key, columns
-        whose rows in Redis's JSON form make the table's Arrow as they are. `s3`: the AWS
-        variables of an s3a:// root (schema.object_store.s3_environment)."""
-        with self._lock:
-            table = self._load()
-            schema = plain_schema(table)
-            if not (supports_deletion_vectors(table) and json_exact(schema)):
-                return None
-            return DeltaInTask(self.path, tuple(self.view.key), schema,
-                               table.metadata().configuration.get(
-                                   "delta.enableChangeDataFeed") == "true",
-                               tuple(sorted(s3.items())))
+        they can: a table with deletion vectors, whose columns rows in Redis's JSON form
+        make as they are (the caller checks that the view deletes by its key). `s3`: the
+        AWS variables of an s3a:// root (schema.object_store.s3_environment)."""
+        table = self._load()
+        schema = plain_schema(table)
+        if not (supports_deletion_vectors(table) and json_exact(schema)):
+            return None
+        return DeltaInTask(self.path, tuple(self.view.key), schema,
+                           table.metadata().configuration.get(
+                               "delta.enableChangeDataFeed") == "true",
+                           tuple(sorted(s3.items())))
 
     @_one_at_a_time
     def merge_written(self, batch_id: int, shares: Sequence[WrittenShare],
@@ -203,19 +203,24 @@ class DeltaSink:
         committed. `ready` as for merge."""
         names = [name for share in shares for name in share.names()]
         table = self._load()
-        done = table.transaction_version(self.app_id)
-        if done is not None and done >= batch_id:
-            self._vectors.delete(names)
+        if self._holds(table, batch_id):
+            self.discard(names)
             return False
         header = self._header(batch_id, json.dumps(dict(metadata), default=str))
         if self._vectors.commit_written(table, shares, header, ready):
             return True
-        self._vectors.delete(names)
+        self.discard(names)
         return None
 
     def discard(self, names: Sequence[str]) -> None:
         """Delete files written for the table and never committed (engine.task_delta)."""
         self._vectors.delete(names)
+
+    def _holds(self, table: DeltaTable, batch_id: int) -> bool:
+        """Whether the table holds the batch already (a replay), by Delta's own idempotency
+        record: the app id's last transaction version."""
+        done = table.transaction_version(self.app_id)
+        return done is not None and done >= batch_id
 
     def _header(self, batch_id: int, user_metadata: str) -> list[dict[str, Any]]:
         """The first actions of a batch's commit: its commitInfo, and its transaction
@@ -251,9 +256,7 @@ class DeltaSink:
         transaction: Redis records every batch id, and readers compare the two (a re-warm
         waits for Delta to reach Redis's batch; `asOf: {version}` finds it in Delta)."""
         table = self._load()
-        # Delta's own idempotency record: the app id's last transaction version.
-        done = table.transaction_version(self.app_id)
-        if done is not None and done >= batch_id:
+        if self._holds(table, batch_id):
             return False
         user_metadata = json.dumps(dict(metadata), default=str)
         commit = CommitProperties(
