@@ -44,6 +44,7 @@ from schema.object_store import s3_environment
 from schema.redis_client import connect
 from schema.storage import GRAPH_VERSION, ViewMeta, changefeed_topic, graph_key, meta_key
 from viewgate.stack.kafka import KafkaCluster
+from viewgate.stack.local import CLUSTER_ENGINE_PATH
 from viewgate.stack.process import wait_until
 from viewgate.stack.redis_cluster import RedisClusterServers
 from viewgate.stack.s3proxy import S3ProxyServer
@@ -59,15 +60,10 @@ ORDER_CHANGES = ("subscription($after: String) { orderChanges(after: $after) "
 
 # The engine's two paths on the profile: the driver's (its defaults: the batches read
 # ahead and computed by the driver), and the executors' (every batch read, computed and
-# written to Delta by Spark's tasks on the workers: engine.task_read, engine.task_tables,
-# engine.task_delta). A profile each: the fault test leaves its profile short of a worker.
-ENGINE_PATHS = {
-    "driver": {},
-    "executors": {"VIEWGATE_ENGINE_TASK_READ": "true", "VIEWGATE_ENGINE_TASK_TABLES": "true",
-                  "VIEWGATE_ENGINE_TASK_DELTA": "true",
-                  "VIEWGATE_ENGINE_TASK_READ_MIN_RECORDS": "0",
-                  "VIEWGATE_ENGINE_DRIVER_FETCH_MAX_RECORDS": "0"},
-}
+# written to Delta by Spark's tasks on the workers, as `viewgate up --cluster` and
+# compose's cluster profile run it). A profile each: the fault test leaves its profile
+# short of a worker.
+ENGINE_PATHS = {"driver": {}, "executors": CLUSTER_ENGINE_PATH}
 
 
 @dataclass

@@ -47,6 +47,19 @@ def local_services(settings: Settings, data: Path) -> tuple[list[Service], dict[
                       "VIEWGATE_REDIS_URL": redis.url}
 
 
+# The engine's settings on the cluster profile: every batch read, computed and written to
+# Delta by Spark's tasks on the workers (engine.task_read, engine.task_tables,
+# engine.task_delta), the driver applying and committing. The local profile keeps the
+# defaults: on one machine's shared cores the driver's own path is the faster.
+CLUSTER_ENGINE_PATH = {
+    "VIEWGATE_ENGINE_TASK_READ": "true",
+    "VIEWGATE_ENGINE_TASK_TABLES": "true",
+    "VIEWGATE_ENGINE_TASK_DELTA": "true",
+    "VIEWGATE_ENGINE_TASK_READ_MIN_RECORDS": "0",
+    "VIEWGATE_ENGINE_DRIVER_FETCH_MAX_RECORDS": "0",
+}
+
+
 def cluster_services(settings: Settings, data: Path) -> tuple[list[Service], dict[str, str]]:
     from viewgate.stack.s3proxy import S3ProxyServer
     from viewgate.stack.spark_standalone import SparkStandalone
@@ -74,6 +87,10 @@ def cluster_services(settings: Settings, data: Path) -> tuple[list[Service], dic
         "VIEWGATE_SPARK_MASTER": spark.master_url,
         "VIEWGATE_SPARK_CONF": json.dumps({
             **settings.spark_conf, "spark.executor.memory": "768m", "spark.cores.max": "2"}),
+        # The executors do the work, as on a real cluster: every batch read, computed and
+        # written to Delta by Spark's tasks on the workers (test_cluster_profile runs this
+        # path and the driver's).
+        **CLUSTER_ENGINE_PATH,
     }
 
 
