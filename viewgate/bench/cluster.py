@@ -17,7 +17,8 @@ exact in Redis and Delta afterwards) runs three times on the same events:
   a second stage partitioned by customer;
 - on both once more with the tasks writing the Delta files of the views they compute too
   (the setting `engine_task_delta`, engine.task_delta): the driver only marks the rows
-  they replace and commits.
+  they replace and commits. This is the cluster profile's path (viewgate.stack.local.
+  CLUSTER_ENGINE_PATH), so it also runs on one worker (`spark.cores.max` 1).
 
 Meanwhile the CPU of the engine's processes is sampled from /proc every half second: the
 driver (this process: Python, and its JVM; and its read-ahead process, engine.read_ahead,
@@ -72,6 +73,7 @@ FIGURES = (
     Figure("engine_driver_cpu_share_cluster_task_tables", "the same, two workers", "share"),
     Figure("engine_events_per_s_local_task_delta", "events/s, local[2], Delta files written "
            "by the tasks too", "events/s"),
+    Figure("engine_events_per_s_1_worker_task_delta", "the same, one worker", "events/s"),
     Figure("engine_events_per_s_2_workers_task_delta", "the same, two workers", "events/s"),
     Figure("engine_driver_cpu_share_local_task_delta", "driver CPU share, local[2], Delta "
            "files written by the tasks too", "share"),
@@ -292,13 +294,16 @@ def run(ctx: BenchContext) -> GroupResult:
     standalone.start()
     try:
         worker_pids = [p.pid for p in standalone.processes[1:]]
-        runs = {}
+        runs, runs_one_delta = {}, {}
         for cores in (1, 2):
             spark = _session(ctx, standalone.master_url, {
                 "spark.cores.max": str(cores), "spark.executor.cores": "1",
                 "spark.executor.memory": "768m"})
             runs[cores] = _graph_run(ctx, spark, f"standalone-{cores}", catalog, events,
                                      placed, worker_pids)
+            if cores == 1:
+                runs_one_delta = _graph_run(ctx, spark, "standalone-1-task-delta", catalog,
+                                            events, placed, worker_pids, **task_delta)
         runs_tasks = _graph_run(ctx, spark, "standalone-2-task-read", catalog, events, placed,
                                 worker_pids, **task_read)
         runs_tables = _graph_run(ctx, spark, "standalone-2-task-tables", catalog, events,
@@ -324,6 +329,7 @@ def run(ctx: BenchContext) -> GroupResult:
         "engine_driver_cpu_share_local_task_tables": local_tables["driver_share"],
         "engine_driver_cpu_share_cluster_task_tables": runs_tables["driver_share"],
         "engine_events_per_s_local_task_delta": local_delta["events_per_s"],
+        "engine_events_per_s_1_worker_task_delta": runs_one_delta["events_per_s"],
         "engine_events_per_s_2_workers_task_delta": runs_delta["events_per_s"],
         "engine_driver_cpu_share_local_task_delta": local_delta["driver_share"],
         "engine_driver_cpu_share_cluster_task_delta": runs_delta["driver_share"],
@@ -334,6 +340,7 @@ def run(ctx: BenchContext) -> GroupResult:
                                    "local_task_tables": local_tables,
                                    "2_workers_task_tables": runs_tables,
                                    "local_task_delta": local_delta,
+                                   "1_worker_task_delta": runs_one_delta,
                                    "2_workers_task_delta": runs_delta},
     })
 
