@@ -93,8 +93,8 @@ class DeltaInTask:
         updated = [_previous(e) for e in upserted if e.before is not None]
         gone = [_previous(e) for e in deleted]
         keys = encode_keys(upserts, self.key)
-        key_schema = pa.schema([self.schema.field(c) for c in self.key])
-        old_keys = encode_keys(rows_table(updated + gone, key_schema), self.key)
+        olds = rows_table(updated + gone, self.schema)  # the replaced rows, as Redis held them
+        old_keys = encode_keys(olds, self.key)
         files: dict[str, Any] = {}
         data = None
         if upserts.num_rows:
@@ -103,24 +103,25 @@ class DeltaInTask:
         change_data = None
         if self.change_data:
             name = f"_change_data/cdc-{partition:05d}-{uuid.uuid4()}.c000.snappy.parquet"
-            change_data = encode_file(name, self._changes(upserts, keys, old_keys, updated,
-                                                          gone), files)
+            change_data = encode_file(name, self._changes(upserts, keys, olds, old_keys,
+                                                          len(updated)), files)
         upload(self.root, files)
         gone_keys = old_keys[len(updated):]
         return WrittenShare(data, keys, np.concatenate([keys, gone_keys]), old_keys,
                             change_data).encoded()
 
-    def _changes(self, upserts: pa.Table, keys: np.ndarray, old_keys: np.ndarray,
-                 updated: list[Any], gone: list[Any]) -> pa.Table:
+    @staticmethod
+    def _changes(upserts: pa.Table, keys: np.ndarray, olds: pa.Table, old_keys: np.ndarray,
+                 updated: int) -> pa.Table:
         """The change data, as DeletionVectorMerge._changes writes it: the upserted rows
-        (inserts, post-images), then the previous rows (pre-images, then deletes)."""
-        replaced = set(old_keys[:len(updated)].tolist())
+        (inserts, post-images), then the previous rows (`olds`: the `updated` rows'
+        pre-images, then the deleted rows)."""
+        replaced = set(old_keys[:updated].tolist())
         kinds = [POSTIMAGE if k in replaced else INSERT for k in keys.tolist()]
-        olds = rows_table(updated + gone, self.schema)
         return pa.concat_tables([
             upserts.append_column("_change_type", pa.array(kinds, pa.string())),
             olds.append_column("_change_type", pa.array(
-                [PREIMAGE] * len(updated) + [DELETE] * len(gone), pa.string()))])
+                [PREIMAGE] * updated + [DELETE] * (olds.num_rows - updated), pa.string()))])
 
 
 def _previous(event: ChangeEvent) -> Any:
