@@ -35,12 +35,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from engine.sinks.dv_merge import encode_file, file_stats, upload
+from engine.sinks.dv_merge import change_rows, encode_file, file_stats, upload
 from engine.sinks.key_index import encode_keys
 from engine.sinks.rows_table import rows_table
 from schema.storage import ChangeEvent
-
-INSERT, PREIMAGE, POSTIMAGE, DELETE = "insert", "update_preimage", "update_postimage", "delete"
 
 
 @dataclass(frozen=True)
@@ -103,25 +101,14 @@ class DeltaInTask:
         change_data = None
         if self.change_data:
             name = f"_change_data/cdc-{partition:05d}-{uuid.uuid4()}.c000.snappy.parquet"
-            change_data = encode_file(name, self._changes(upserts, keys, olds, old_keys,
-                                                          len(updated)), files)
+            replaced = set(old_keys[:len(updated)].tolist())
+            changes = change_rows(upserts, [k in replaced for k in keys.tolist()], olds,
+                                  len(updated))
+            change_data = encode_file(name, changes, files)
         upload(self.root, files)
         gone_keys = old_keys[len(updated):]
         return WrittenShare(data, keys, np.concatenate([keys, gone_keys]), old_keys,
                             change_data).encoded()
-
-    @staticmethod
-    def _changes(upserts: pa.Table, keys: np.ndarray, olds: pa.Table, old_keys: np.ndarray,
-                 updated: int) -> pa.Table:
-        """The change data, as DeletionVectorMerge._changes writes it: the upserted rows
-        (inserts, post-images), then the previous rows (`olds`: the `updated` rows'
-        pre-images, then the deleted rows)."""
-        replaced = set(old_keys[:updated].tolist())
-        kinds = [POSTIMAGE if k in replaced else INSERT for k in keys.tolist()]
-        return pa.concat_tables([
-            upserts.append_column("_change_type", pa.array(kinds, pa.string())),
-            olds.append_column("_change_type", pa.array(
-                [PREIMAGE] * updated + [DELETE] * (olds.num_rows - updated), pa.string()))])
 
 
 def _previous(event: ChangeEvent) -> Any:

@@ -251,14 +251,7 @@ class DeletionVectorMerge:
                      + self._key_texts(gone.filter(pa.array(
                          [k in live for k in gone_keys.tolist()], pa.bool_()))))
         olds = self._previous_rows(schema, old_keys, old_names, live, previous)
-        parts = [
-            upserts.append_column("_change_type", pa.array(
-                ["update_postimage" if u else "insert" for u in updated], pa.string())),
-            olds.append_column("_change_type", pa.array(
-                ["update_preimage"] * (len(old_keys) - len(removed)) + ["delete"] * len(removed),
-                pa.string())),
-        ]
-        return pa.concat_tables(parts)
+        return change_rows(upserts, updated, olds, len(old_keys) - len(removed))
 
     def _key_texts(self, rows: pa.Table) -> list[str]:
         """key_of of each row: of one text column, the column's values themselves."""
@@ -445,6 +438,19 @@ class DeletionVectorMerge:
         self._released = {n: t for n, t in self._released.items()
                           if n in present and n not in deleted}
         return deleted
+
+
+def change_rows(upserts: pa.Table, updated: Sequence[bool], olds: pa.Table,
+                preimages: int) -> pa.Table:
+    """A commit's change data, as Delta's change data feed has it: the upserted rows
+    (post-images where `updated`, else inserts), then the previous rows `olds` (their first
+    `preimages` the updated rows' pre-images, the rest the deleted rows)."""
+    return pa.concat_tables([
+        upserts.append_column("_change_type", pa.array(
+            ["update_postimage" if u else "insert" for u in updated], pa.string())),
+        olds.append_column("_change_type", pa.array(
+            ["update_preimage"] * preimages + ["delete"] * (olds.num_rows - preimages),
+            pa.string()))])
 
 
 def upload(root: str, files: Mapping[str, Any]) -> None:
