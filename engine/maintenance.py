@@ -8,7 +8,8 @@ older files with deletion vectors (engine.sinks.dv_merge). So:
   rewrites, not the table's;
 - every `delta_maintenance_interval_s`, after a compaction: files no version within the
   view's `history` needs are vacuumed, and so are change-data files and deletion-vector
-  files older than it; the log is checkpointed and its entries older than `history`
+  files older than it, and data files no version names (a writer killed before its
+  commit left them); the log is checkpointed and its entries older than `history`
   removed (`maintain`).
 Until 2026-11-26 maintenance also z-ordered the whole table by key: it rewrote every row
 every interval, and the history kept each copy for a day (the hour-long soak's disk grew
@@ -39,6 +40,12 @@ from schema.catalog import View, parse_duration_ms
 from schema.object_store import filesystem
 
 log = logging.getLogger("viewgate.engine.maintenance")
+
+# A writer killed between writing a batch's data files and committing them leaves files no
+# version names. A batch commits within seconds, so a file unnamed for this long never will
+# be, whatever the view's history (which may be seconds): younger ones may be a batch's
+# files still being written, by the tasks beside the maintenance (engine.task_delta).
+UNREFERENCED_MIN_AGE_S = 3600
 
 
 def history_seconds(view: View) -> int:
@@ -104,6 +111,7 @@ def maintain(path: str, view: View) -> MaintenanceResult:
     # second; an argument would round a history shorter than an hour up to one.
     vacuumed = table.vacuum(dry_run=False)
     vacuumed += delete_old_change_data(path, history_seconds(view))
+    vacuumed += delete_unreferenced_data(table, path, history_seconds(view))
     table.cleanup_metadata()
     return MaintenanceResult(0, 0, len(vacuumed), time.monotonic() - started)
 
@@ -119,6 +127,31 @@ def delete_old_change_data(path: str, retention_s: float) -> list[str]:
         and info.mtime is not None and info.mtime.timestamp() < cutoff]
     for file in old:
         fs.delete_file(file)
+    return old
+
+
+def delete_unreferenced_data(table: DeltaTable, path: str, retention_s: float) -> list[str]:
+    """Delete the data files at the table's root that no version names, older than the
+    retention and than UNREFERENCED_MIN_AGE_S: what a MERGE, or Spark's tasks writing a
+    batch's files, left when killed before the commit. delta-rs's full VACUUM finds them,
+    but it lists the deletion-vector files the table uses too (delta-rs 1.6), and change
+    data: so it is asked for its list only, and only data files are taken from it. Vector
+    files and change data have their own deletion (DeletionVectorMerge
+    .delete_released_vectors, delete_old_change_data)."""
+    listed = table.vacuum(dry_run=True, full=True)
+    names = [name for name in listed if "/" not in name and name.endswith(".parquet")]
+    if not names:
+        return []
+    fs, root = filesystem(path)
+    cutoff = time.time() - max(retention_s, UNREFERENCED_MIN_AGE_S)
+    old = [info.path for info in fs.get_file_info([f"{root}/{name}" for name in names])
+           if info.type == pyarrow.fs.FileType.File and info.mtime is not None
+           and info.mtime.timestamp() < cutoff]
+    for file in old:
+        fs.delete_file(file)
+    if old:
+        log.info("%s: deleted %d data files no version names (left by a writer killed "
+                 "before its commit)", path, len(old))
     return old
 
 

@@ -6,23 +6,38 @@ bucket."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.fs
+import pyarrow.parquet as pq
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from engine_process import EngineProcess, delta_stats_exact, in_time_events, start_on_customers
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from shop_views import expected_customers, isolated, produce, view_mismatches
 from ws_clients import GatewayServer
 
+from engine import maintenance
 from engine.generations import generation_dirs
-from engine.sinks.delta_sink import ensure_table
-from schema.object_store import delete_tree, read_text, replace_text, s3_environment
+from engine.maintenance import configure_table
+from engine.sinks.delta_sink import DeltaSink, ensure_table
+from schema import demo
+from schema.delta_read import live_rows
+from schema.object_store import (
+    delete_tree,
+    filesystem,
+    read_text,
+    replace_text,
+    s3_environment,
+)
 from schema.redis_client import connect
 from schema.storage import (
     ViewMeta,
+    delta_app_id,
     meta_key,
     read_current_generation,
     write_current_generation,
@@ -94,6 +109,41 @@ def test_a_table_already_in_the_bucket_is_checked_by_delta_rs_not_spark(s3, s3_e
         ensure_table(NoSpark(), path, other)  # other columns: Spark's builder decides
     with pytest.raises(AssertionError, match="Spark was used"):
         ensure_table(NoSpark(), "s3a://viewgate/checked/Missing/g0", columns)
+
+
+def test_maintenance_deletes_a_killed_writers_data_files_in_a_bucket(s3, s3_env, monkeypatch):
+    """Data files no version names (a writer killed before its commit) are found and
+    deleted in a bucket as on a disk: delta-rs's full VACUUM lists the bucket, pyarrow's S3
+    deletes. One only seconds old is kept (it may be a batch's being written)."""
+    view = dataclasses.replace(demo.CUSTOMER, history="1 second")
+    schema = pa.schema([(c, pa.string()) for c in ("customer_id", "name", "tier", "country")])
+    path = "s3a://viewgate/orphans/Customer/g0"
+    write_deltalake(path, pa.Table.from_pylist([], schema),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    configure_table(path, view, target_file_bytes=64 * 1024)
+    sink = DeltaSink(path, view, delta_app_id(view.name, 0))
+    for batch in (1, 2):
+        rows = [{"customer_id": f"C{n}", "name": "n", "tier": f"t{batch}", "country": "NL"}
+                for n in range(batch * 10, batch * 10 + 20)]
+        sink.merge(batch, rows, [], view.key, metadata={"batch_id": batch})
+    fs, root = filesystem(path)
+    orphan = f"{root}/part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    pq.write_table(pa.Table.from_pylist([], schema), orphan, filesystem=fs)
+    rows_before = live_rows(DeltaTable(path)).sort_by("customer_id")
+
+    def exists() -> bool:
+        return fs.get_file_info(orphan).type == pyarrow.fs.FileType.File
+
+    maintenance.maintain(path, view)
+    assert exists()  # younger than an hour
+    monkeypatch.setattr(maintenance, "UNREFERENCED_MIN_AGE_S", 0)
+
+    def deleted() -> bool:
+        maintenance.maintain(path, view)
+        return not exists()
+    wait_until(deleted, timeout_s=30, what="the unreferenced file deleted")
+    assert live_rows(DeltaTable(path)).sort_by("customer_id") == rows_before
+    assert rows_before.num_rows == 30
 
 
 def test_the_demo_on_object_storage_survives_a_sigkill(s3, s3_env, settings, tmp_path):

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from engine.maintenance import (
@@ -180,6 +183,48 @@ def test_maintenance_deletes_change_data_older_than_the_history(tmp_path):
     maintain(path, VIEW)
 
     assert sorted((tmp_path / "Customer" / "_change_data").iterdir()) == change_data[1:]
+
+
+@pytest.mark.parametrize(("history", "deleted", "kept"), [
+    ("1 day", "two days", "two hours"),  # older than the history
+    ("2 seconds", "two hours", "ten minutes"),  # and an hour old at least
+])
+def test_maintenance_deletes_data_files_no_version_names(tmp_path, history, deleted, kept):
+    """A writer killed between writing a batch's files and committing them leaves data
+    files no version names: maintenance deletes them once older than the view's history
+    and than an hour (a younger one may be a batch's, being written), and nothing the
+    table uses (its data files, its deletion-vector files) however old."""
+    from dataclasses import replace
+    view = replace(VIEW, history=history)
+    path = str(tmp_path / "Customer")
+    write_deltalake(path, pa.Table.from_pylist([], SCHEMA),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    configure_table(path, view, target_file_bytes=64 * 1024)
+    sink = DeltaSink(path, view, delta_app_id(view.name, 0))
+    for batch in range(1, 5):  # overlapping keys: each batch marks rows of the earlier files
+        sink.merge(batch, _rows(batch * 50, 100, tier=f"t{batch}"), [], view.key,
+                   metadata={"batch_id": batch})
+    root = tmp_path / "Customer"
+    used = {p.name for p in root.iterdir() if p.is_file()}
+    assert any(name.startswith("deletion_vector_") for name in used)
+    ages = {"two days": 2 * 86_400, "two hours": 7_200, "ten minutes": 600}
+    orphans = {age: f"part-00000-{uuid.uuid4()}-c000.snappy.parquet" for age in ages}
+    for name in orphans.values():
+        pq.write_table(pa.Table.from_pylist(_rows(9_000, 10), SCHEMA), root / name)
+    for name in used:  # what the table uses, as old as the oldest orphan
+        os.utime(root / name, (time.time() - ages["two days"],) * 2)
+    for age, name in orphans.items():
+        os.utime(root / name, (time.time() - ages[age],) * 2)
+    expected = live_rows(DeltaTable(path)).sort_by("customer_id")
+
+    maintain(path, view)
+
+    left = {p.name for p in root.iterdir() if p.is_file()}
+    assert orphans[deleted] not in left
+    assert orphans[kept] in left
+    assert used <= left
+    assert live_rows(DeltaTable(path)).sort_by("customer_id") == expected
+    assert expected.num_rows == 250
 
 
 def test_a_history_shorter_than_an_hour_is_vacuumed_to_the_second(tmp_path):
