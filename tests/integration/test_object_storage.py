@@ -23,7 +23,6 @@ from ws_clients import GatewayServer
 
 from engine import maintenance
 from engine.generations import generation_dirs
-from engine.maintenance import configure_table
 from engine.sinks.delta_sink import DeltaSink, ensure_table
 from schema import demo
 from schema.delta_read import live_rows
@@ -120,7 +119,7 @@ def test_maintenance_deletes_a_killed_writers_data_files_in_a_bucket(s3, s3_env,
     path = "s3a://viewgate/orphans/Customer/g0"
     write_deltalake(path, pa.Table.from_pylist([], schema),
                     configuration={"delta.enableChangeDataFeed": "true"})
-    configure_table(path, view, target_file_bytes=64 * 1024)
+    maintenance.configure_table(path, view, target_file_bytes=64 * 1024)
     sink = DeltaSink(path, view, delta_app_id(view.name, 0))
     for batch in (1, 2):
         rows = [{"customer_id": f"C{n}", "name": "n", "tier": f"t{batch}", "country": "NL"}
