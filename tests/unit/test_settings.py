@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from schema.settings import Settings
+from viewgate.stack.local import CLUSTER_ENGINE_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 KNOWN = {f"VIEWGATE_{name.upper()}" for name in Settings.model_fields}
@@ -57,6 +58,9 @@ def test_the_cluster_profile_services_parse_as_cluster_settings(monkeypatch):
         assert (settings.kafka_replication_factor, settings.kafka_min_insync_replicas) == (3, 2)
     assert services["engine-cluster"]["environment"]["VIEWGATE_SPARK_MASTER"].startswith(
         "spark://")
+    # Compose's cluster engine runs the path `viewgate up --cluster` runs (and the tests).
+    engine = services["engine-cluster"]["environment"]
+    assert {var: engine.get(var) for var in CLUSTER_ENGINE_PATH} == CLUSTER_ENGINE_PATH
 
 
 @pytest.mark.parametrize("profile", [[], ["--profile", "cluster"]], ids=["default", "cluster"])
